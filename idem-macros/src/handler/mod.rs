@@ -1,0 +1,34 @@
+//! `#[idempotent(...)]` on an `async fn`: parse → check → expand.
+
+mod args;
+mod expand;
+mod signature;
+
+use crate::ctxt::{Ctxt, with_fallback};
+use proc_macro2::TokenStream;
+
+/// The attribute over `proc_macro2`, callable from tests.
+pub fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function = match syn::parse2::<syn::ItemFn>(item.clone()) {
+        Ok(function) => function,
+        Err(_) => {
+            let e = syn::Error::new_spanned(
+                &item,
+                "#[idempotent] goes on an `async fn` handler; this is not a function",
+            );
+            return with_fallback(e, item);
+        }
+    };
+    let mut cx = Ctxt::new();
+    let args = args::Args::parse(&mut cx, args);
+    let signature = signature::Handler::parse(&mut cx, &function);
+    if let (Some(args), Some(signature)) = (&args, &signature) {
+        args::check_against(&mut cx, args, signature);
+    }
+    match (cx.check(), args, signature) {
+        (Ok(()), Some(args), Some(signature)) => expand::expand(&args, &signature, &function),
+        // Keep the user's function so the IDE and the rest of the crate still see it.
+        (Err(e), _, _) => with_fallback(e, quote::quote!(#function)),
+        (Ok(()), _, _) => unreachable!("a failed parse records an error"),
+    }
+}

@@ -1,0 +1,129 @@
+//! The handler's signature: which parameter is the transaction, which are business values.
+
+use crate::ctxt::Ctxt;
+use syn::{FnArg, GenericArgument, Ident, Pat, PathArguments, Type};
+
+pub struct Handler {
+    pub name: Ident,
+    /// The transaction parameter's name and type (`tx: &mut Transaction<'_, Sqlite>`).
+    pub tx: Ident,
+    pub tx_type: Type,
+    /// The backend, the last type argument of `Transaction`.
+    pub database: Type,
+    /// The result type of the body as written (`Result<Receipt, PayError>`).
+    pub output: Type,
+    /// The parameters after the transaction that are plain identifiers.
+    pub params: Vec<Param>,
+}
+
+pub struct Param {
+    pub ident: Ident,
+}
+
+const TX_EXAMPLE: &str = "tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>";
+
+impl Handler {
+    pub fn parse(cx: &mut Ctxt, function: &syn::ItemFn) -> Option<Handler> {
+        let sig = &function.sig;
+        if sig.asyncness.is_none() {
+            cx.error_spanned_by(
+                sig.fn_token,
+                format!(
+                    "`{}` must be an `async fn`: an idempotent handler runs a database transaction; write `async fn {}`",
+                    sig.ident, sig.ident
+                ),
+            );
+        }
+        if let Some(constness) = &sig.constness {
+            cx.error_spanned_by(constness, "an idempotent handler cannot be a `const fn`");
+        }
+        if let Some(variadic) = &sig.variadic {
+            cx.error_spanned_by(variadic, "an idempotent handler cannot be variadic");
+        }
+        let output = match &sig.output {
+            syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
+            syn::ReturnType::Default => {
+                cx.error_spanned_by(
+                    &sig.ident,
+                    format!(
+                        "`{}` must return `Result<T, E>`: an error from the body rolls the transition back; return `Result<(), E>` if there is no result to replay",
+                        sig.ident
+                    ),
+                );
+                None
+            }
+        };
+
+        let mut typed = sig.inputs.iter().filter_map(|arg| match arg {
+            FnArg::Typed(pat_type) => Some(pat_type),
+            FnArg::Receiver(_) => None,
+        });
+        let Some(first) = typed.next() else {
+            cx.error_spanned_by(
+                &sig.ident,
+                format!("the first parameter of an idempotent handler is its transaction, e.g. `{TX_EXAMPLE}`"),
+            );
+            return None;
+        };
+        let tx = match &*first.pat {
+            Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => Some(p.ident.clone()),
+            _ => {
+                cx.error_spanned_by(
+                    &first.pat,
+                    "name the transaction parameter with a plain identifier, e.g. `tx`",
+                );
+                None
+            }
+        };
+        let database = match transaction_database(&first.ty) {
+            Some(db) => Some(db),
+            None => {
+                cx.error_spanned_by(
+                    &first.ty,
+                    format!(
+                        "the first parameter of an idempotent handler is its transaction: `&mut Transaction<'_, DB>` with DB one of `Sqlite`, `Postgres`, `Any`; e.g. `{TX_EXAMPLE}`"
+                    ),
+                );
+                None
+            }
+        };
+        let params = typed
+            .filter_map(|p| match &*p.pat {
+                Pat::Ident(i) => Some(Param {
+                    ident: i.ident.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        Some(Handler {
+            name: sig.ident.clone(),
+            tx: tx?,
+            tx_type: (*first.ty).clone(),
+            database: database?,
+            output: output?,
+            params,
+        })
+    }
+}
+
+/// `&mut Transaction<'_, DB>` (any path ending in `Transaction`) → `DB`.
+fn transaction_database(ty: &Type) -> Option<Type> {
+    let Type::Reference(reference) = ty else {
+        return None;
+    };
+    reference.mutability?;
+    let Type::Path(path) = &*reference.elem else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "Transaction" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    args.args.iter().rev().find_map(|arg| match arg {
+        GenericArgument::Type(db) => Some(db.clone()),
+        _ => None,
+    })
+}

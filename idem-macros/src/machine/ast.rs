@@ -1,0 +1,202 @@
+//! The machine declaration as written: `#[machine(...)]` on the enum, `#[state(...)]` on
+//! its variants.
+
+use crate::ctxt::Ctxt;
+use crate::ident::screaming_snake;
+use proc_macro2::Span;
+use syn::{Ident, LitStr};
+
+pub const MACHINE_KEYS: &str = "table, key, state, version, results";
+pub const STATE_KEYS: &str = "name, to";
+
+pub struct Machine {
+    pub ident: Ident,
+    pub table: Option<LitStr>,
+    pub key: Option<LitStr>,
+    pub state: Option<LitStr>,
+    pub version: Option<LitStr>,
+    pub results: Option<LitStr>,
+    pub states: Vec<State>,
+}
+
+pub struct State {
+    pub ident: Ident,
+    /// The database name and the token to blame for it.
+    pub name: String,
+    pub name_span: Span,
+    pub targets: Vec<Ident>,
+}
+
+impl Machine {
+    /// Parses the declaration, recording every error in `cx`. `None` if the input is not
+    /// an enum at all.
+    pub fn parse(cx: &mut Ctxt, input: &syn::DeriveInput) -> Option<Machine> {
+        let syn::Data::Enum(data) = &input.data else {
+            cx.error_spanned_by(
+                &input.ident,
+                "`StateMachine` derives on an enum whose variants are the states, e.g. `enum Order { Created, Paid }`",
+            );
+            return None;
+        };
+        if !input.generics.params.is_empty() {
+            cx.error_spanned_by(
+                &input.generics,
+                "a state machine cannot be generic: its table and states are fixed at compile time",
+            );
+        }
+        let mut machine = Machine {
+            ident: input.ident.clone(),
+            table: None,
+            key: None,
+            state: None,
+            version: None,
+            results: None,
+            states: Vec::new(),
+        };
+        let mut seen_machine_attr = false;
+        for attr in input.attrs.iter().filter(|a| a.path().is_ident("machine")) {
+            seen_machine_attr = true;
+            let result = attr.parse_nested_meta(|meta| {
+                let slot = match meta.path.get_ident().map(Ident::to_string).as_deref() {
+                    Some("table") => &mut machine.table,
+                    Some("key") => &mut machine.key,
+                    Some("state") => &mut machine.state,
+                    Some("version") => &mut machine.version,
+                    Some("results") => &mut machine.results,
+                    _ => {
+                        let name = path_name(&meta.path);
+                        cx.error_spanned_by(
+                            &meta.path,
+                            format!("unknown `machine` argument `{name}`; valid arguments are: {MACHINE_KEYS}"),
+                        );
+                        // consume the value so parsing continues with the next argument
+                        if meta.input.peek(syn::Token![=]) {
+                            let _: syn::Expr = meta.value()?.parse()?;
+                        }
+                        return Ok(());
+                    }
+                };
+                let value: LitStr = meta.value()?.parse()?;
+                if slot.is_some() {
+                    cx.error_spanned_by(
+                        &meta.path,
+                        format!("`{}` is given twice", path_name(&meta.path)),
+                    );
+                } else {
+                    *slot = Some(value);
+                }
+                Ok(())
+            });
+            if let Err(e) = result {
+                cx.push(e);
+            }
+        }
+        if !seen_machine_attr {
+            cx.error_spanned_by(
+                &input.ident,
+                format!(
+                    "missing `#[machine(table = \"…\", key = \"…\")]` on `{}`: name the table and its key column",
+                    input.ident
+                ),
+            );
+        }
+        for variant in &data.variants {
+            if let Some(state) = State::parse(cx, variant) {
+                machine.states.push(state);
+            }
+        }
+        Some(machine)
+    }
+}
+
+impl State {
+    fn parse(cx: &mut Ctxt, variant: &syn::Variant) -> Option<State> {
+        if !matches!(variant.fields, syn::Fields::Unit) {
+            cx.error_spanned_by(
+                &variant.fields,
+                format!(
+                    "state `{}` has fields; states are unit variants (the row holds the data)",
+                    variant.ident
+                ),
+            );
+        }
+        if let Some((_, discriminant)) = &variant.discriminant {
+            cx.error_spanned_by(
+                discriminant,
+                "states have no discriminant; name them with `#[state(name = \"…\")]`",
+            );
+        }
+        let mut name: Option<LitStr> = None;
+        let mut targets: Option<Vec<Ident>> = None;
+        for attr in variant.attrs.iter().filter(|a| a.path().is_ident("state")) {
+            let result = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("name") {
+                    let value: LitStr = meta.value()?.parse()?;
+                    if name.is_some() {
+                        cx.error_spanned_by(&meta.path, "`name` is given twice");
+                    } else {
+                        name = Some(value);
+                    }
+                } else if meta.path.is_ident("to") {
+                    let mut list = Vec::new();
+                    meta.parse_nested_meta(|target| {
+                        match target.path.get_ident() {
+                            Some(ident) => list.push(ident.clone()),
+                            None => cx.error_spanned_by(
+                                &target.path,
+                                "a target is a variant of this enum, e.g. `to(Paid, Cancelled)`",
+                            ),
+                        }
+                        Ok(())
+                    })?;
+                    if targets.is_some() {
+                        cx.error_spanned_by(
+                            &meta.path,
+                            "`to` is given twice; list all targets in one `to(...)`",
+                        );
+                    } else {
+                        targets = Some(list);
+                    }
+                } else {
+                    let name = path_name(&meta.path);
+                    cx.error_spanned_by(
+                        &meta.path,
+                        format!(
+                            "unknown `state` argument `{name}`; valid arguments are: {STATE_KEYS}"
+                        ),
+                    );
+                    if meta.input.peek(syn::Token![=]) {
+                        let _: syn::Expr = meta.value()?.parse()?;
+                    } else if meta.input.peek(syn::token::Paren) {
+                        meta.parse_nested_meta(|_| Ok(()))?;
+                    }
+                }
+                Ok(())
+            });
+            if let Err(e) = result {
+                cx.push(e);
+            }
+        }
+        let (name, name_span) = match name {
+            Some(lit) => (lit.value(), lit.span()),
+            None => (
+                screaming_snake(&variant.ident.to_string()),
+                variant.ident.span(),
+            ),
+        };
+        Some(State {
+            ident: variant.ident.clone(),
+            name,
+            name_span,
+            targets: targets.unwrap_or_default(),
+        })
+    }
+}
+
+fn path_name(path: &syn::Path) -> String {
+    path.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}

@@ -1,0 +1,180 @@
+//! The code `#[derive(StateMachine)]` generates: an `idem::Machine` impl whose definition,
+//! SQL included, is a constant, and a documented `IDEM_SQL` constant on the enum.
+
+use super::check::Checked;
+use crate::sql::{self, Names, Statements};
+use proc_macro2::TokenStream;
+use quote::quote;
+
+pub fn expand(m: &Checked) -> TokenStream {
+    let ident = &m.ident;
+    let name = ident.to_string();
+    let (table, key, state, version, results) =
+        (&m.table, &m.key, &m.state, &m.version, &m.results);
+    let names = Names {
+        table,
+        key,
+        state,
+        version,
+        results,
+    };
+    let postgres = sql::postgres(&names);
+    let sqlite = sql::sqlite(&names);
+    let state_names = m.states.iter().map(|(_, n)| n);
+    let variants_by_index = m
+        .states
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| quote!(#i => #ident::#v));
+    let index_by_variant = m
+        .states
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| quote!(#ident::#v => #i));
+    let transitions = m.transitions.iter().map(|(a, b)| quote!((#a, #b)));
+    let reachable = m.reachable.iter().map(|(a, b)| quote!((#a, #b)));
+    let postgres_tokens = statements_tokens(&postgres);
+    let sqlite_tokens = statements_tokens(&sqlite);
+    let doc = sql_doc(m, &postgres, &sqlite);
+    quote! {
+        const _: () = {
+            impl ::idem::Machine for #ident {
+                const DEFINITION: &'static ::idem::Definition = &::idem::Definition {
+                    name: #name,
+                    table: #table,
+                    key_column: #key,
+                    state_column: #state,
+                    version_column: #version,
+                    results_table: #results,
+                    states: &[#(#state_names),*],
+                    transitions: &[#(#transitions),*],
+                    reachable: &[#(#reachable),*],
+                    sql: ::idem::MachineSql {
+                        postgres: #postgres_tokens,
+                        sqlite: #sqlite_tokens,
+                    },
+                };
+
+                fn from_index(index: usize) -> Self {
+                    match index {
+                        #(#variants_by_index,)*
+                        _ => ::core::panic!("state index out of range"),
+                    }
+                }
+
+                fn index(self) -> usize {
+                    match self {
+                        #(#index_by_variant,)*
+                    }
+                }
+            }
+
+            impl #ident {
+                #[doc = #doc]
+                pub const IDEM_SQL: &'static ::idem::MachineSql =
+                    &<#ident as ::idem::Machine>::DEFINITION.sql;
+            }
+        };
+    }
+}
+
+/// After an error: an impl with no states, so code naming the machine does not drown in
+/// follow-on errors about a missing `Machine` impl.
+pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
+    let ident = &input.ident;
+    if !input.generics.params.is_empty() || !matches!(input.data, syn::Data::Enum(_)) {
+        return TokenStream::new();
+    }
+    let empty = quote!(::idem::Statements {
+        transition: "",
+        transition_guarded: "",
+        classify: "",
+        store_result: "",
+        create_results_table: "",
+    });
+    let name = ident.to_string();
+    quote! {
+        const _: () = {
+            impl ::idem::Machine for #ident {
+                const DEFINITION: &'static ::idem::Definition = &::idem::Definition {
+                    name: #name, table: "", key_column: "", state_column: "", version_column: "",
+                    results_table: "", states: &[], transitions: &[], reachable: &[],
+                    sql: ::idem::MachineSql { postgres: #empty, sqlite: #empty },
+                };
+                fn from_index(_: usize) -> Self { ::core::unreachable!() }
+                fn index(self) -> usize { ::core::unreachable!() }
+            }
+        };
+    }
+}
+
+fn statements_tokens(s: &Statements) -> TokenStream {
+    let Statements {
+        transition,
+        transition_guarded,
+        classify,
+        store_result,
+        create_results_table,
+    } = s;
+    quote! {
+        ::idem::Statements {
+            transition: #transition,
+            transition_guarded: #transition_guarded,
+            classify: #classify,
+            store_result: #store_result,
+            create_results_table: #create_results_table,
+        }
+    }
+}
+
+fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
+    let states = m
+        .states
+        .iter()
+        .map(|(v, n)| format!("`{n}` ([`{v}`](Self::{v}))"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let transitions = m
+        .transitions
+        .iter()
+        .map(|&(a, b)| {
+            format!(
+                "`{}` → `{}`",
+                m.states[a as usize].1, m.states[b as usize].1
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "The SQL idem runs for the state machine `{ident}` (generated by `#[derive(StateMachine)]`).\n\n\
+         Table `{table}`, key column `{key}`, state column `{state}`, version column `{version}`; \
+         first results are kept in `{results}`.\n\n\
+         States: {states}.\n\n\
+         Transitions: {transitions}.\n\n\
+         Parameters: `$1` the key, `$2` the `from` state, `$3` the `to` state, `$4` the machine \
+         name, `$5` the key as text, and the expected version last (see [`idem::Statements`]).\n\n\
+         # PostgreSQL\n\n\
+         One statement attempts the transition and, when it matched no row, reports the row \
+         and the stored first result:\n\n\
+         ```sql\n{pg}\n```\n\n\
+         With an expected version:\n\n```sql\n{pg_guarded}\n```\n\n\
+         # SQLite\n\n\
+         Inside `BEGIN IMMEDIATE`:\n\n```sql\n{lite}\n```\n\n\
+         Only when that matched no row:\n\n```sql\n{classify}\n```\n\n\
+         # Both\n\n\
+         After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
+         The results table (PostgreSQL):\n\n```sql\n{create}\n```\n",
+        ident = m.ident,
+        table = m.table,
+        key = m.key,
+        state = m.state,
+        version = m.version,
+        results = m.results,
+        pg = postgres.transition,
+        pg_guarded = postgres.transition_guarded,
+        lite = sqlite.transition,
+        classify = sqlite.classify,
+        store = postgres.store_result,
+        create = postgres.create_results_table,
+    )
+}

@@ -1,0 +1,65 @@
+//! `sqlx::Any`: the dialect is read from the connection at run time.
+
+use super::{Backend, Columns, Dialect, Param, generic};
+use core::future::Future;
+use sqlx::{Any, AnyConnection, Connection, Pool, Transaction};
+
+impl super::sealed::Sealed for Any {}
+
+/// The dialect of a backend name or URL scheme; `None` for backends idem does not support.
+fn dialect_named(name: &str) -> Option<Dialect> {
+    match name.to_ascii_lowercase().as_str() {
+        "sqlite" => Some(Dialect::Sqlite),
+        "postgres" | "postgresql" => Some(Dialect::Postgres),
+        _ => None,
+    }
+}
+
+fn unsupported(name: &str) -> sqlx::Error {
+    sqlx::Error::Configuration(
+        format!("idem runs on SQLite and PostgreSQL; this `sqlx::Any` pool is {name}").into(),
+    )
+}
+
+impl Backend for Any {
+    fn begin_pool(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
+        let scheme = pool.connect_options().database_url.scheme().to_owned();
+        async move {
+            let dialect = dialect_named(&scheme).ok_or_else(|| unsupported(&scheme))?;
+            pool.begin_with(dialect.begin()).await
+        }
+    }
+
+    fn begin_connection(
+        conn: &mut AnyConnection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        async move {
+            let name = conn.backend_name();
+            let dialect = dialect_named(name).ok_or_else(|| unsupported(name))?;
+            conn.begin_with(dialect.begin()).await
+        }
+    }
+
+    fn dialect(conn: &AnyConnection) -> Dialect {
+        // Only reached inside a transaction begun above, which refused other backends.
+        dialect_named(conn.backend_name()).unwrap_or(Dialect::Postgres)
+    }
+
+    fn fetch<'a>(
+        conn: &'a mut AnyConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+        generic::fetch::<Any>(conn, sql, params)
+    }
+
+    fn execute<'a>(
+        conn: &'a mut AnyConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        generic::execute::<Any>(conn, sql, params)
+    }
+}

@@ -1,0 +1,161 @@
+//! The databases idem runs on, and where transactions come from.
+//!
+//! All backends share one generic implementation ([`generic`]); a backend only says
+//! which [`Dialect`] of the generated SQL it speaks and how a write transaction begins.
+
+mod generic;
+
+#[cfg(feature = "any")]
+mod any;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "sqlite")]
+pub use sqlite::sqlite_options;
+
+use core::future::Future;
+use sqlx::{Pool, Transaction};
+
+/// A database idem can run transitions on: [`sqlx::Sqlite`], [`sqlx::Postgres`], and
+/// [`sqlx::Any`] (the backend is chosen at run time from the URL).
+///
+/// Sealed: the SQL idem generates is written and tested for these backends only.
+pub trait Backend: sqlx::Database + sealed::Sealed {
+    #[doc(hidden)]
+    fn begin_pool(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+
+    #[doc(hidden)]
+    fn begin_connection(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
+
+    #[doc(hidden)]
+    fn dialect(conn: &Self::Connection) -> Dialect;
+
+    #[doc(hidden)]
+    fn fetch<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a;
+
+    #[doc(hidden)]
+    fn execute<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+/// A bound value.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Int(i64),
+    Text(&'a str),
+}
+
+/// The columns idem's statements return; a statement that lacks one reads as `None`.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct Columns {
+    pub applied_version: Option<i64>,
+    pub found: bool,
+    pub current_state: Option<String>,
+    pub current_version: Option<i64>,
+    pub first_result: Option<String>,
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Which set of generated statements a connection speaks.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+impl Dialect {
+    /// The generated statements for this dialect.
+    pub fn statements(self, definition: &crate::machine::Definition) -> &crate::sql::Statements {
+        match self {
+            Dialect::Postgres => &definition.sql.postgres,
+            Dialect::Sqlite => &definition.sql.sqlite,
+        }
+    }
+
+    /// The statement that opens a write transaction. SQLite must take the write lock up
+    /// front: a deferred transaction that later upgrades fails with SQLITE_BUSY at once
+    /// instead of waiting for the busy timeout.
+    pub fn begin(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "BEGIN",
+            Dialect::Sqlite => "BEGIN IMMEDIATE",
+        }
+    }
+}
+
+/// Where an `#[idempotent]` handler gets its transaction: a pool (`&pool`) or a
+/// connection you hold (`&mut *conn`).
+///
+/// The handler begins the transaction itself (so it can choose `BEGIN IMMEDIATE` on
+/// SQLite), runs the transition and the body in it, and commits before returning.
+#[diagnostic::on_unimplemented(
+    message = "an idempotent handler needs a pool or a connection, not `{Self}`",
+    label = "pass `&pool` or `&mut *connection` here",
+    note = "the handler opens, commits or rolls back its own transaction"
+)]
+pub trait Source<'c, DB: Backend>: Send {
+    /// Begins a write transaction.
+    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send;
+}
+
+impl<'c, DB: Backend> Source<'c, DB> for &Pool<DB> {
+    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send {
+        async move { Ok(DB::begin_pool(self).await?) }
+    }
+}
+
+impl<'c, DB: Backend> Source<'c, DB> for &'c mut DB::Connection {
+    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send {
+        DB::begin_connection(self)
+    }
+}
+
+/// Whether a retry of the whole transaction may succeed: serialization failures and
+/// deadlocks (PostgreSQL 40001, 40P01), a busy or locked SQLite database, a lost
+/// connection, an exhausted pool.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("40001" | "40P01")) || sqlite_busy(db.as_ref())
+        }
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// SQLITE_BUSY (5) or SQLITE_LOCKED (6), in any of their extended forms.
+#[cfg(feature = "sqlite")]
+fn sqlite_busy(error: &dyn sqlx::error::DatabaseError) -> bool {
+    let from_sqlite = error
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some();
+    from_sqlite
+        && error
+            .code()
+            .and_then(|code| code.parse::<u32>().ok())
+            .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_busy(_: &dyn sqlx::error::DatabaseError) -> bool {
+    false
+}

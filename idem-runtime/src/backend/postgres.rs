@@ -1,0 +1,41 @@
+//! PostgreSQL: one statement attempts the transition and classifies a miss.
+
+use super::{Backend, Columns, Dialect, Param, generic};
+use core::future::Future;
+use sqlx::{Connection, PgConnection, Pool, Postgres, Transaction};
+
+impl super::sealed::Sealed for Postgres {}
+
+impl Backend for Postgres {
+    fn begin_pool(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
+        pool.begin()
+    }
+
+    fn begin_connection(
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin()
+    }
+
+    fn dialect(_: &PgConnection) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn fetch<'a>(
+        conn: &'a mut PgConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+        generic::fetch::<Postgres>(conn, sql, params)
+    }
+
+    fn execute<'a>(
+        conn: &'a mut PgConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        generic::execute::<Postgres>(conn, sql, params)
+    }
+}

@@ -1,0 +1,61 @@
+//! SQLite: `BEGIN IMMEDIATE`, WAL and a busy timeout.
+
+use super::{Backend, Columns, Dialect, Param, generic};
+use core::future::Future;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{Connection, Pool, Sqlite, SqliteConnection, Transaction};
+use std::time::Duration;
+
+impl super::sealed::Sealed for Sqlite {}
+
+impl Backend for Sqlite {
+    fn begin_pool(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
+        pool.begin_with(Dialect::Sqlite.begin())
+    }
+
+    fn begin_connection(
+        conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin_with(Dialect::Sqlite.begin())
+    }
+
+    fn dialect(_: &SqliteConnection) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn fetch<'a>(
+        conn: &'a mut SqliteConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+        generic::fetch::<Sqlite>(conn, sql, params)
+    }
+
+    fn execute<'a>(
+        conn: &'a mut SqliteConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+        generic::execute::<Sqlite>(conn, sql, params)
+    }
+}
+
+/// Connect options for a SQLite database used by idem: WAL journal, `synchronous = NORMAL`
+/// (durable at each WAL checkpoint, safe against application crashes), a 5 s busy
+/// timeout so writers queue instead of failing, and the file created if missing.
+///
+/// ```
+/// # async fn run() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::SqlitePool::connect_with(idem::sqlite_options("sqlite:orders.db")?).await?;
+/// # Ok(()) }
+/// ```
+pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(url
+        .parse::<SqliteConnectOptions>()?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5)))
+}

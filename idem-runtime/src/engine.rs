@@ -1,0 +1,249 @@
+//! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
+
+use crate::backend::{Backend, Columns, Dialect, Param, Source};
+use crate::classify::{Classified, Observed, classify};
+use crate::error::{Error, RowProblem};
+use crate::key::{Key, KeyError};
+use crate::machine::Machine;
+use crate::outcome::Outcome;
+use crate::transition::Transition;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::Transaction;
+
+/// How many times a lost race is re-examined before idem gives up with
+/// [`RowProblem::Unstable`]. One is enough on a database that keeps its promises.
+const LOST_RACE_ATTEMPTS: usize = 3;
+
+/// Runs `body` as the transition `transition` of the row `key`, at most once.
+///
+/// This is what `#[idempotent]` expands to; call it directly to get the same guarantee
+/// without the macro:
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
+/// const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
+/// let outcome: idem::Outcome<(), Order> = idem::run(&pool, &PAY, idem::Key::Int(7).into(), None,
+///     async |tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>| {
+///         sqlx::query("INSERT INTO payments (order_id) VALUES (7)").execute(&mut **tx).await?;
+///         Ok::<_, sqlx::Error>(())
+///     }).await?;
+/// # let _ = outcome; Ok(()) }
+/// ```
+pub async fn run<'c, M, DB, S, T, E, F>(
+    source: S,
+    transition: &Transition,
+    key: CallKey,
+    expected_version: Option<i64>,
+    body: F,
+) -> Result<Outcome<T, M>, Error<E>>
+where
+    M: Machine,
+    DB: Backend,
+    S: Source<'c, DB>,
+    T: Serialize + DeserializeOwned,
+    F: AsyncFnOnce(&mut Transaction<'c, DB>) -> Result<T, E>,
+{
+    let key = key.0.map_err(Error::InvalidKey)?;
+    let key_text = key.to_text();
+    let mut tx = source.begin().await?;
+    let dialect = DB::dialect(&tx);
+    let call = Call {
+        transition,
+        dialect,
+        key: &key,
+        key_text: &key_text,
+        expected_version,
+    };
+
+    let mut observed = match attempt::<DB>(&mut tx, &call).await? {
+        None => {
+            let result = match body(&mut tx).await {
+                Ok(result) => result,
+                Err(e) => {
+                    // The connection may be gone; the handler's error is the one to report,
+                    // and an unfinished transaction is rolled back by the server anyway.
+                    let _ = tx.rollback().await;
+                    return Err(Error::Handler(e));
+                }
+            };
+            let json = serde_json::to_string(&result).map_err(Error::Result)?;
+            // A result that serializes to `null` (`()`, `None`) replays without storage.
+            if json != "null" {
+                store_result::<DB>(&mut tx, &call, &json).await?;
+            }
+            tx.commit().await?;
+            return Ok(Outcome::Applied(result));
+        }
+        Some(observed) => observed,
+    };
+
+    for _ in 0..LOST_RACE_ATTEMPTS {
+        let classified = classify(transition, observed, expected_version);
+        if classified == Classified::LostRace {
+            // A concurrent transaction moved the row after this statement's snapshot:
+            // try again with a fresh statement (and snapshot, under READ COMMITTED).
+            observed = match attempt::<DB>(&mut tx, &call).await? {
+                Some(observed) => observed,
+                None => return Err(corrupt(&call, RowProblem::Unstable)),
+            };
+            continue;
+        }
+        tx.rollback().await?;
+        return outcome(&call, classified);
+    }
+    Err(corrupt(&call, RowProblem::Unstable))
+}
+
+/// The key of a call, validated (or refused) before any statement runs.
+#[derive(Debug)]
+pub struct CallKey(Result<Key, KeyError>);
+
+impl From<Key> for CallKey {
+    fn from(key: Key) -> Self {
+        CallKey(Ok(key))
+    }
+}
+
+impl From<Result<Key, KeyError>> for CallKey {
+    fn from(key: Result<Key, KeyError>) -> Self {
+        CallKey(key)
+    }
+}
+
+struct Call<'a> {
+    transition: &'a Transition,
+    dialect: Dialect,
+    key: &'a Key,
+    key_text: &'a str,
+    expected_version: Option<i64>,
+}
+
+impl Call<'_> {
+    fn key_param(&self) -> Param<'_> {
+        match self.key {
+            Key::Int(n) => Param::Int(*n),
+            Key::Text(s) => Param::Text(s),
+        }
+    }
+}
+
+/// Attempts the conditional UPDATE. `None`: applied. `Some`: not applied, and what the
+/// row looks like — from the same statement on PostgreSQL, from a second one on SQLite.
+async fn attempt<DB: Backend>(
+    conn: &mut DB::Connection,
+    call: &Call<'_>,
+) -> Result<Option<Observed>, sqlx::Error> {
+    let t = call.transition;
+    let sql = call.dialect.statements(t.definition);
+    let (key, from, to) = (
+        call.key_param(),
+        Param::Text(t.from_name()),
+        Param::Text(t.to_name()),
+    );
+    let (machine, key_text) = (Param::Text(t.definition.name), Param::Text(call.key_text));
+    match call.dialect {
+        Dialect::Postgres => {
+            let columns = match call.expected_version {
+                None => {
+                    let params = [key, from, to, machine, key_text];
+                    DB::fetch(conn, sql.transition, &params).await?
+                }
+                Some(v) => {
+                    let params = [key, from, to, machine, key_text, Param::Int(v)];
+                    DB::fetch(conn, sql.transition_guarded, &params).await?
+                }
+            };
+            let columns = columns.unwrap_or_default();
+            Ok(columns.applied_version.is_none().then(|| observed(columns)))
+        }
+        Dialect::Sqlite => {
+            let updated = match call.expected_version {
+                None => DB::fetch(conn, sql.transition, &[key, from, to]).await?,
+                Some(v) => {
+                    let params = [key, from, to, Param::Int(v)];
+                    DB::fetch(conn, sql.transition_guarded, &params).await?
+                }
+            };
+            if updated.is_some() {
+                return Ok(None);
+            }
+            let params = [key, from, to, machine, key_text];
+            let columns = DB::fetch(conn, sql.classify, &params).await?;
+            Ok(Some(observed(columns.unwrap_or_default())))
+        }
+    }
+}
+
+async fn store_result<DB: Backend>(
+    conn: &mut DB::Connection,
+    call: &Call<'_>,
+    json: &str,
+) -> Result<(), sqlx::Error> {
+    let t = call.transition;
+    let sql = call.dialect.statements(t.definition).store_result;
+    let params = [
+        Param::Text(t.definition.name),
+        Param::Text(call.key_text),
+        Param::Text(t.from_name()),
+        Param::Text(t.to_name()),
+        Param::Text(json),
+    ];
+    DB::execute(conn, sql, &params).await
+}
+
+fn observed(columns: Columns) -> Observed {
+    Observed {
+        found: columns.found,
+        state: columns.current_state,
+        version: columns.current_version,
+        first_result: columns.first_result,
+    }
+}
+
+fn outcome<T: DeserializeOwned, M: Machine, E>(
+    call: &Call<'_>,
+    classified: Classified,
+) -> Result<Outcome<T, M>, Error<E>> {
+    let t = call.transition;
+    Ok(match classified {
+        Classified::AlreadyDone {
+            current,
+            first_result,
+        } => Outcome::AlreadyDone {
+            current: M::from_index(current),
+            first_result: replay(first_result)?,
+        },
+        Classified::IllegalState { current } => Outcome::IllegalState {
+            current: M::from_index(current),
+            from: M::from_index(t.from),
+            to: M::from_index(t.to),
+        },
+        Classified::NotFound => Outcome::NotFound,
+        Classified::StaleVersion { expected, actual } => Outcome::StaleVersion { expected, actual },
+        Classified::Corrupt(problem) => return Err(corrupt(call, problem)),
+        Classified::LostRace => return Err(corrupt(call, RowProblem::Unstable)),
+    })
+}
+
+/// The first result, decoded. Nothing stored means the result serialized to `null`, so a
+/// type that accepts `null` (`()`, `Option`) replays that; any other type gets `None`.
+fn replay<T: DeserializeOwned, E>(stored: Option<String>) -> Result<Option<T>, Error<E>> {
+    match stored {
+        Some(json) => serde_json::from_str(&json).map(Some).map_err(Error::Result),
+        None => Ok(serde_json::from_str("null").ok()),
+    }
+}
+
+fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {
+    let definition = call.transition.definition;
+    Error::CorruptRow {
+        machine: definition.name,
+        table: definition.table,
+        key: call.key_text.to_owned(),
+        problem,
+    }
+}

@@ -1,0 +1,140 @@
+//! Errors: the handler's own, the database's, and bad data or input.
+
+use crate::key::KeyError;
+
+/// Why an `#[idempotent]` call did not produce an [`Outcome`](crate::Outcome).
+///
+/// In every case the transaction was rolled back: the row, the body's writes and the
+/// stored result are as they were before the call, and a retry may apply.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// The handler's body returned this error. The transition was rolled back with it.
+    Handler(E),
+    /// The database failed (connection, constraint, serialization failure, …).
+    Database(sqlx::Error),
+    /// The key is not acceptable (empty, too long, control characters).
+    InvalidKey(KeyError),
+    /// The row holds data the machine cannot interpret: an undeclared state name, a NULL
+    /// state or version. Nothing was changed; fix the row.
+    CorruptRow {
+        /// The machine (enum) name.
+        machine: &'static str,
+        /// The table.
+        table: &'static str,
+        /// The row's key, as text.
+        key: String,
+        /// What is wrong with it.
+        problem: RowProblem,
+    },
+    /// The body's result could not be stored, or a stored result could not be read back
+    /// as the handler's result type (the type changed incompatibly since it was stored).
+    Result(serde_json::Error),
+}
+
+/// What is wrong with a row, see [`Error::CorruptRow`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RowProblem {
+    /// The state column holds a name the machine does not declare.
+    UnknownState(String),
+    /// The state column is NULL.
+    NullState,
+    /// The version column is NULL.
+    NullVersion,
+    /// The transition updated the row but kept reporting a concurrent winner; the
+    /// database is not giving idem a consistent view (should not happen).
+    Unstable,
+}
+
+impl<E> Error<E> {
+    /// The handler's own error, if that is what this is.
+    pub fn handler(&self) -> Option<&E> {
+        match self {
+            Error::Handler(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// `true` for errors a retry of the same call may cure: serialization failures,
+    /// deadlocks, a busy database, a dropped connection. Handler errors are the handler's
+    /// to judge and return `false`.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => crate::backend::is_transient(e),
+            _ => false,
+        }
+    }
+
+    /// Maps the handler's error type.
+    pub fn map_handler<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
+        match self {
+            Error::Handler(e) => Error::Handler(f(e)),
+            Error::Database(e) => Error::Database(e),
+            Error::InvalidKey(e) => Error::InvalidKey(e),
+            Error::CorruptRow {
+                machine,
+                table,
+                key,
+                problem,
+            } => Error::CorruptRow {
+                machine,
+                table,
+                key,
+                problem,
+            },
+            Error::Result(e) => Error::Result(e),
+        }
+    }
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::Handler(e) => write!(f, "handler failed, transition rolled back: {e}"),
+            Error::Database(e) => write!(f, "database error, transition rolled back: {e}"),
+            Error::InvalidKey(e) => write!(f, "invalid key: {e}"),
+            Error::CorruptRow {
+                machine,
+                table,
+                key,
+                problem,
+            } => {
+                write!(f, "row {key:?} of table `{table}` (machine `{machine}`) ")?;
+                match problem {
+                    RowProblem::UnknownState(s) => write!(
+                        f,
+                        "is in state {s:?}, which `{machine}` does not declare; nothing was changed"
+                    ),
+                    RowProblem::NullState => write!(f, "has a NULL state; nothing was changed"),
+                    RowProblem::NullVersion => {
+                        write!(f, "has a NULL version; nothing was changed")
+                    }
+                    RowProblem::Unstable => write!(
+                        f,
+                        "kept changing under concurrent transitions; nothing was changed"
+                    ),
+                }
+            }
+            Error::Result(e) => write!(f, "stored result does not match the handler's type: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Handler(e) => Some(e),
+            Error::Database(e) => Some(e),
+            Error::InvalidKey(e) => Some(e),
+            Error::Result(e) => Some(e),
+            Error::CorruptRow { .. } => None,
+        }
+    }
+}
+
+impl<E> From<sqlx::Error> for Error<E> {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Database(e)
+    }
+}

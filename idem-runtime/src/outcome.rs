@@ -1,0 +1,127 @@
+//! What a call to an `#[idempotent]` handler did.
+
+/// The outcome of an idempotent transition. `S` is the machine's state enum.
+///
+/// | variant | meaning | what the caller usually does |
+/// |---|---|---|
+/// | [`Applied`](Outcome::Applied) | this call moved the row `from → to`, ran the body, and committed | ack / 200 |
+/// | [`AlreadyDone`](Outcome::AlreadyDone) | the row is already in `to` or a state reachable from it: a duplicate | ack / replay the first result |
+/// | [`IllegalState`](Outcome::IllegalState) | the row is in a state from which `to` cannot be reached | alert: a data or workflow bug |
+/// | [`NotFound`](Outcome::NotFound) | no row has this key | the caller's business |
+/// | [`StaleVersion`](Outcome::StaleVersion) | the caller's expected version did not hold | re-read and decide |
+///
+/// Only `Applied` ran the handler's body. Every other outcome rolled back an empty
+/// transaction: nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "an outcome tells a duplicate from a bug; match on it"]
+pub enum Outcome<T, S> {
+    /// This call performed the transition; the body's result, committed together with it.
+    Applied(T),
+    /// A duplicate: the transition had already happened.
+    AlreadyDone {
+        /// The row's current state: `to`, or a state reachable from `to`.
+        current: S,
+        /// The result the first successful call returned, replayed from storage.
+        ///
+        /// `None` when no result was stored for this key and transition: the row reached
+        /// `to` some other way (another transition into the same state, a write outside
+        /// idem), or the results were purged by retention.
+        first_result: Option<T>,
+    },
+    /// The row is in a state from which the transition's target cannot be reached.
+    IllegalState {
+        /// The row's current state.
+        current: S,
+        /// The transition's source state.
+        from: S,
+        /// The transition's target state.
+        to: S,
+    },
+    /// No row has this key.
+    NotFound,
+    /// The row is in the transition's source state, but its version is not the one the
+    /// caller expected.
+    StaleVersion {
+        /// The version the caller passed.
+        expected: i64,
+        /// The version in the database.
+        actual: i64,
+    },
+}
+
+impl<T, S> Outcome<T, S> {
+    /// `true` for [`Applied`](Outcome::Applied) and [`AlreadyDone`](Outcome::AlreadyDone):
+    /// the transition has happened, whoever did it. A consumer acks on `true`.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Outcome::Applied(_) | Outcome::AlreadyDone { .. })
+    }
+
+    /// `true` only if this call performed the transition.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied(_))
+    }
+
+    /// The result of the transition: this call's, or the replayed first one.
+    pub fn result(&self) -> Option<&T> {
+        match self {
+            Outcome::Applied(result) => Some(result),
+            Outcome::AlreadyDone { first_result, .. } => first_result.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The result of the transition, consuming the outcome; see [`result`](Self::result).
+    pub fn into_result(self) -> Option<T> {
+        match self {
+            Outcome::Applied(result) => Some(result),
+            Outcome::AlreadyDone { first_result, .. } => first_result,
+            _ => None,
+        }
+    }
+
+    /// A short, stable name for the variant, for logs and metrics labels.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Applied(_) => OutcomeKind::Applied,
+            Outcome::AlreadyDone { .. } => OutcomeKind::AlreadyDone,
+            Outcome::IllegalState { .. } => OutcomeKind::IllegalState,
+            Outcome::NotFound => OutcomeKind::NotFound,
+            Outcome::StaleVersion { .. } => OutcomeKind::StaleVersion,
+        }
+    }
+}
+
+/// The variant of an [`Outcome`] without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutcomeKind {
+    /// See [`Outcome::Applied`].
+    Applied,
+    /// See [`Outcome::AlreadyDone`].
+    AlreadyDone,
+    /// See [`Outcome::IllegalState`].
+    IllegalState,
+    /// See [`Outcome::NotFound`].
+    NotFound,
+    /// See [`Outcome::StaleVersion`].
+    StaleVersion,
+}
+
+impl OutcomeKind {
+    /// The name used in logs and metrics: `applied`, `already_done`, `illegal_state`,
+    /// `not_found`, `stale_version`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Applied => "applied",
+            OutcomeKind::AlreadyDone => "already_done",
+            OutcomeKind::IllegalState => "illegal_state",
+            OutcomeKind::NotFound => "not_found",
+            OutcomeKind::StaleVersion => "stale_version",
+        }
+    }
+}
+
+impl core::fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

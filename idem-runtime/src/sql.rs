@@ -1,0 +1,44 @@
+//! The SQL statements of a machine, one set per backend.
+//!
+//! The text is generated at compile time by `#[derive(StateMachine)]` (identifiers are
+//! validated there and quoted), so it is a constant you can print, test and read in the
+//! machine's rustdoc. Every value is a bound parameter; nothing is spliced at run time.
+
+/// The statements for one machine, per backend.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineSql {
+    /// PostgreSQL (and PostgreSQL-wire databases).
+    pub postgres: Statements,
+    /// SQLite.
+    pub sqlite: Statements,
+}
+
+/// The statements idem runs for one machine on one backend.
+///
+/// Parameters, by position:
+///
+/// | statement | `$1` | `$2` | `$3` | `$4` | `$5` | `$6` |
+/// |---|---|---|---|---|---|---|
+/// | `transition`, PostgreSQL | key | from | to | machine name | key as text | — |
+/// | `transition_guarded`, PostgreSQL | key | from | to | machine name | key as text | expected version |
+/// | `transition`, SQLite | key | from | to | — | — | — |
+/// | `transition_guarded`, SQLite | key | from | to | expected version | — | — |
+/// | `classify` | key | from | to | machine name | key as text | — |
+/// | `store_result` | machine name | key as text | from | to | result (JSON) | — |
+#[derive(Debug, Clone, Copy)]
+pub struct Statements {
+    /// Attempts the transition. On PostgreSQL it also returns the current row and the
+    /// stored first result when nothing was updated (columns `applied_version`, `found`,
+    /// `current_state`, `current_version`, `first_result`); on SQLite it returns the new
+    /// version of an updated row (`applied_version`) and nothing otherwise.
+    pub transition: &'static str,
+    /// [`transition`](Self::transition) with the optimistic-locking guard `version = $n`.
+    pub transition_guarded: &'static str,
+    /// Reads the current row and the stored first result (columns `found`,
+    /// `current_state`, `current_version`, `first_result`).
+    pub classify: &'static str,
+    /// Stores the first result of an applied transition (an upsert).
+    pub store_result: &'static str,
+    /// Creates the results table if it does not exist.
+    pub create_results_table: &'static str,
+}

@@ -1,0 +1,90 @@
+//! # idem — database handlers that are idempotent by construction
+//!
+//! Duplicates are the normal life of a distributed system: retries after a timeout,
+//! at-least-once brokers, double clicks, a crash between commit and ack. idem turns a
+//! handler annotated with
+//!
+//! ```ignore
+//! #[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+//! ```
+//!
+//! into one conditional `UPDATE` with a version guard, run in the same transaction as the
+//! handler's body, and returns an [`Outcome`] that tells **already done** (a duplicate:
+//! succeed quietly, replay the first result) from **illegal state** (a bug: fail loudly),
+//! **not found** and **stale version**.
+//!
+//! ## A complete handler
+//!
+//! ```
+//! use idem::{Outcome, StateMachine, idempotent};
+//! use sqlx::{Sqlite, Transaction};
+//!
+//! /// The order workflow, declared once. Misuse at a handler is a compile error.
+//! #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+//! #[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+//! enum Order {
+//!     #[state(name = "CREATED", to(Paid, Cancelled))]
+//!     Created,
+//!     #[state(name = "PAID", to(Shipped))]
+//!     Paid,
+//!     #[state(name = "SHIPPED")]
+//!     Shipped,
+//!     #[state(name = "CANCELLED")]
+//!     Cancelled,
+//! }
+//!
+//! #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+//! struct Receipt { payment_id: i64 }
+//!
+//! /// Records the payment and moves the order CREATED → PAID, at most once per order.
+//! #[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+//! async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount: i64)
+//!     -> Result<Receipt, sqlx::Error>
+//! {
+//!     let payment_id = sqlx::query_scalar(
+//!         "INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
+//!         .bind(order_id).bind(amount)
+//!         .fetch_one(&mut **tx).await?;
+//!     Ok(Receipt { payment_id })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::SqlitePool::connect_with(idem::sqlite_options("sqlite::memory:")?).await?;
+//! sqlx::raw_sql("CREATE TABLE orders (order_id INTEGER PRIMARY KEY, status TEXT NOT NULL,
+//!                                     version INTEGER NOT NULL DEFAULT 0);
+//!                CREATE TABLE payments (id INTEGER PRIMARY KEY, order_id INTEGER, amount INTEGER);
+//!                INSERT INTO orders (order_id, status) VALUES (7, 'CREATED');")
+//!     .execute(&pool).await?;
+//! idem::create_results_table::<Order, _>(&pool).await?;
+//!
+//! let first = pay(&pool, 7, 1000).await?;   // the payment callback
+//! let again = pay(&pool, 7, 1000).await?;   // the provider retries it
+//! assert_eq!(first, Outcome::Applied(Receipt { payment_id: 1 }));
+//! assert_eq!(again, Outcome::AlreadyDone {
+//!     current: Order::Paid,
+//!     first_result: Some(Receipt { payment_id: 1 }),  // the first result, replayed
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! The handler keeps its parameters, except that the transaction parameter becomes the
+//! [`Source`] of one (`&pool` or `&mut *connection`), and its return type becomes
+//! [`Handled`]`<Result<Receipt, sqlx::Error>, Order>`, that is
+//! `Result<Outcome<Receipt, Order>, idem::Error<sqlx::Error>>`.
+//!
+//! ## What runs
+//!
+//! On PostgreSQL, one statement after `BEGIN` attempts the transition and, if it matched
+//! nothing, reports the row and the stored first result; on SQLite, `BEGIN IMMEDIATE`, an
+//! `UPDATE … RETURNING` and, only when it matched nothing, a classifying `SELECT`. The
+//! exact text is on the machine's [`Definition::sql`] and in the rustdoc the derive writes
+//! on the enum.
+
+#![warn(missing_docs)]
+
+pub use idem_macros::{StateMachine, idempotent};
+pub use idem_runtime::*;
+
+#[doc(hidden)]
+pub use idem_runtime::__private;
