@@ -1,0 +1,116 @@
+//! Real databases for the integration tests.
+//!
+//! SQLite always runs (in memory and in a file). PostgreSQL runs when
+//! `IDEM_TEST_POSTGRES_URL` is set; with `IDEM_TEST_REQUIRE_SERVERS=1` (as in CI) an unset
+//! URL is a failure, never a silent skip. Every test gets its own schema (PostgreSQL) or
+//! database (SQLite), so tests run in parallel.
+
+#![allow(dead_code)]
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{PgPool, SqlitePool};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// The business tables every test uses: orders (the machine's table) and effects (what a
+/// handler's body writes, to count side effects).
+pub const TABLES: &str = "
+    CREATE TABLE orders (
+        order_id BIGINT PRIMARY KEY,
+        status TEXT,
+        version BIGINT DEFAULT 0
+    );
+    CREATE TABLE effects (
+        order_id BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        amount BIGINT NOT NULL
+    );
+    CREATE TABLE text_orders (
+        code TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        version BIGINT NOT NULL DEFAULT 0
+    );
+";
+
+fn require_servers() -> bool {
+    std::env::var("IDEM_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+/// The PostgreSQL URL, or `None` (test skipped) when it is unset and servers are optional.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("IDEM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if require_servers() => {
+            panic!(
+                "IDEM_TEST_POSTGRES_URL is not set, and IDEM_TEST_REQUIRE_SERVERS=1 forbids skipping"
+            )
+        }
+        _ => {
+            eprintln!("skipped: set IDEM_TEST_POSTGRES_URL to run the PostgreSQL tests");
+            None
+        }
+    }
+}
+
+/// A pool on a fresh schema `name` (dropped and recreated), holding [`TABLES`].
+pub async fn postgres(name: &str, max_connections: u32) -> Option<PgPool> {
+    let url = postgres_url()?;
+    let schema = format!("idem_test_{name}");
+    let admin = PgPool::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to IDEM_TEST_POSTGRES_URL={url}: {e}"));
+    sqlx::raw_sql(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap()
+        .options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+    Some(pool)
+}
+
+/// A single-connection pool on a private in-memory SQLite database holding [`TABLES`].
+pub async fn sqlite_memory() -> SqlitePool {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_with(idem::sqlite_options("sqlite::memory:").unwrap())
+        .await
+        .unwrap();
+    sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+    pool
+}
+
+/// A pool on a fresh SQLite file (WAL, busy timeout) holding [`TABLES`].
+pub async fn sqlite_file(name: &str, max_connections: u32) -> SqlitePool {
+    let path = scratch_file(&format!("{name}.db"));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(idem::sqlite_options(&format!("sqlite:{}", path.display())).unwrap())
+        .await
+        .unwrap();
+    sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+    pool
+}
+
+/// A path under the target directory, with any earlier file (and WAL) removed.
+pub fn scratch_file(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
