@@ -68,10 +68,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The handler keeps its parameters, except that the transaction parameter becomes the
-//! [`Source`] of one (`&pool` or `&mut *connection`), and its return type becomes
+//! The handler keeps its name, visibility, attributes and parameters, except that the
+//! transaction parameter becomes the pool the transaction comes from (`&Pool<Sqlite>`):
+//! the handler begins, commits or rolls back its own transaction. Its return type becomes
 //! [`Handled`]`<Result<Receipt, sqlx::Error>, Order>`, that is
-//! `Result<Outcome<Receipt, Order>, idem::Error<sqlx::Error>>`.
+//! `Result<Outcome<Receipt, Order>, idem::Error<sqlx::Error>>`, and its future is `Send`.
 //!
 //! ## What runs
 //!

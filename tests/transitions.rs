@@ -293,16 +293,6 @@ macro_rules! backend_tests {
                 let message = pay(&pool, 1, 10).await.unwrap_err().to_string();
                 assert!(message.contains("\"PAYED\"") && message.contains("`orders`"), "{message}");
             }
-
-            #[tokio::test]
-            async fn a_connection_can_be_the_source() {
-                let Some(pool) = setup().await else { return };
-                let mut conn = pool.acquire().await.unwrap();
-                assert!(pay(&mut *conn, 1, 5).await.unwrap().is_applied());
-                assert!(!pay(&mut *conn, 1, 5).await.unwrap().is_applied());
-                drop(conn);
-                assert_eq!(effects(&pool, 1).await, 1);
-            }
         }
     };
 }

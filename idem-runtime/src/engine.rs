@@ -1,6 +1,6 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Columns, Dialect, Param, Source};
+use crate::backend::{Backend, Columns, Dialect, Param};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
 use crate::key::{Key, KeyError};
@@ -9,7 +9,7 @@ use crate::outcome::Outcome;
 use crate::transition::Transition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sqlx::Transaction;
+use sqlx::{Pool, Transaction};
 
 /// How many times a lost race is re-examined before idem gives up with
 /// [`RowProblem::Unstable`]. One is enough on a database that keeps its promises.
@@ -17,8 +17,7 @@ const LOST_RACE_ATTEMPTS: usize = 3;
 
 /// Runs `body` as the transition `transition` of the row `key`, at most once.
 ///
-/// This is what `#[idempotent]` expands to; call it directly to get the same guarantee
-/// without the macro:
+/// This is `#[idempotent]` without the macro: the same statements, the same outcomes.
 ///
 /// ```
 /// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,16 +25,20 @@ const LOST_RACE_ATTEMPTS: usize = 3;
 /// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
 /// const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
-/// let outcome: idem::Outcome<(), Order> = idem::run(&pool, &PAY, idem::Key::Int(7).into(), None,
-///     async |tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>| {
+/// let outcome: idem::Outcome<(), Order> = idem::run(&pool, PAY, idem::Key::Int(7).into(), None,
+///     async |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
 ///         sqlx::query("INSERT INTO payments (order_id) VALUES (7)").execute(&mut **tx).await?;
 ///         Ok::<_, sqlx::Error>(())
 ///     }).await?;
 /// # let _ = outcome; Ok(()) }
 /// ```
-pub async fn run<'c, M, DB, S, T, E, F>(
-    source: S,
-    transition: &Transition,
+///
+/// The future of a call through an async closure is not `Send` on rustc 1.95 (the
+/// compiler cannot prove the closure general enough); to spawn calls, use `#[idempotent]`,
+/// whose handlers are `Send`.
+pub async fn run<M, DB, T, E, F>(
+    pool: &Pool<DB>,
+    transition: Transition,
     key: CallKey,
     expected_version: Option<i64>,
     body: F,
@@ -43,46 +46,95 @@ pub async fn run<'c, M, DB, S, T, E, F>(
 where
     M: Machine,
     DB: Backend,
-    S: Source<'c, DB>,
     T: Serialize + DeserializeOwned,
-    F: AsyncFnOnce(&mut Transaction<'c, DB>) -> Result<T, E>,
+    F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
+{
+    match begin(pool, transition, key, expected_version).await {
+        Begun::Apply(mut applying) => {
+            let result = body(applying.transaction()).await;
+            applying.finish(result).await
+        }
+        Begun::Done(done) => done,
+    }
+}
+
+/// The first half of a call: the transition attempted, and either the row moved (the body
+/// must run now, in [`Applying::transaction`]) or the call is over.
+#[doc(hidden)]
+pub enum Begun<DB: Backend, T, E, M> {
+    /// The conditional UPDATE moved the row; run the body, then [`Applying::finish`].
+    Apply(Applying<DB>),
+    /// Nothing to apply: a duplicate, an illegal state, … or an error. Already rolled back.
+    Done(Result<Outcome<T, M>, Error<E>>),
+}
+
+/// A transition that moved its row, in an open transaction, waiting for the body's result.
+/// Dropping it rolls everything back.
+#[doc(hidden)]
+pub struct Applying<DB: Backend> {
+    tx: Transaction<'static, DB>,
+    transition: Transition,
+    dialect: Dialect,
+    key: Key,
+    key_text: String,
+}
+
+/// Begins a call: validates the key, opens the transaction and attempts the transition.
+#[doc(hidden)]
+pub async fn begin<M, DB, T, E>(
+    pool: &Pool<DB>,
+    transition: Transition,
+    key: CallKey,
+    expected_version: Option<i64>,
+) -> Begun<DB, T, E, M>
+where
+    M: Machine,
+    DB: Backend,
+    T: DeserializeOwned,
+{
+    match try_begin(pool, transition, key, expected_version).await {
+        Ok(Ok(applying)) => Begun::Apply(applying),
+        Ok(Err(outcome)) => Begun::Done(Ok(outcome)),
+        Err(e) => Begun::Done(Err(e)),
+    }
+}
+
+async fn try_begin<M, DB, T, E>(
+    pool: &Pool<DB>,
+    transition: Transition,
+    key: CallKey,
+    expected_version: Option<i64>,
+) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>>
+where
+    M: Machine,
+    DB: Backend,
+    T: DeserializeOwned,
 {
     let key = key.0.map_err(Error::InvalidKey)?;
     let key_text = key.to_text();
-    let mut tx = source.begin().await?;
+    let mut tx = DB::begin_pool(pool).await?;
     let dialect = DB::dialect(&tx);
     let call = Call {
-        transition,
+        transition: &transition,
         dialect,
         key: &key,
         key_text: &key_text,
         expected_version,
     };
-
     let mut observed = match attempt::<DB>(&mut tx, &call).await? {
         None => {
-            let result = match body(&mut tx).await {
-                Ok(result) => result,
-                Err(e) => {
-                    // The connection may be gone; the handler's error is the one to report,
-                    // and an unfinished transaction is rolled back by the server anyway.
-                    let _ = tx.rollback().await;
-                    return Err(Error::Handler(e));
-                }
-            };
-            let json = serde_json::to_string(&result).map_err(Error::Result)?;
-            // A result that serializes to `null` (`()`, `None`) replays without storage.
-            if json != "null" {
-                store_result::<DB>(&mut tx, &call, &json).await?;
-            }
-            tx.commit().await?;
-            return Ok(Outcome::Applied(result));
+            return Ok(Ok(Applying {
+                tx,
+                transition,
+                dialect,
+                key,
+                key_text,
+            }));
         }
         Some(observed) => observed,
     };
-
     for _ in 0..LOST_RACE_ATTEMPTS {
-        let classified = classify(transition, observed, expected_version);
+        let classified = classify(&transition, observed, expected_version);
         if classified == Classified::LostRace {
             // A concurrent transaction moved the row after this statement's snapshot:
             // try again with a fresh statement (and snapshot, under READ COMMITTED).
@@ -93,9 +145,46 @@ where
             continue;
         }
         tx.rollback().await?;
-        return outcome(&call, classified);
+        return outcome(&call, classified).map(Err);
     }
     Err(corrupt(&call, RowProblem::Unstable))
+}
+
+impl<DB: Backend> Applying<DB> {
+    /// The transaction the body runs in.
+    pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
+        &mut self.tx
+    }
+
+    /// Ends the call with the body's result: stores it and commits, or rolls back on error.
+    pub async fn finish<T: Serialize, E, M>(
+        mut self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T, M>, Error<E>> {
+        let result = match result {
+            Ok(result) => result,
+            Err(e) => {
+                // The connection may be gone; the handler's error is the one to report,
+                // and an unfinished transaction is rolled back by the server anyway.
+                let _ = self.tx.rollback().await;
+                return Err(Error::Handler(e));
+            }
+        };
+        let json = serde_json::to_string(&result).map_err(Error::Result)?;
+        // A result that serializes to `null` (`()`, `None`) replays without storage.
+        if json != "null" {
+            let call = Call {
+                transition: &self.transition,
+                dialect: self.dialect,
+                key: &self.key,
+                key_text: &self.key_text,
+                expected_version: None,
+            };
+            store_result::<DB>(&mut self.tx, &call, &json).await?;
+        }
+        self.tx.commit().await?;
+        Ok(Outcome::Applied(result))
+    }
 }
 
 /// The key of a call, validated (or refused) before any statement runs.

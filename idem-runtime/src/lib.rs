@@ -16,7 +16,7 @@ mod transition;
 
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
-pub use backend::{Backend, Source, is_transient};
+pub use backend::{Backend, is_transient};
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
 pub use key::{IntoKey, IntoVersion, Key, KeyError, MAX_KEY_LEN};
@@ -54,6 +54,14 @@ impl<T, E> Fallible for Result<T, E> {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
+    pub use crate::engine::{Applying, Begun, begin};
+    pub use sqlx::Pool;
+
+    /// Fixes the output type of the handler's body, so `?` inside it converts errors into
+    /// the handler's declared error type.
+    pub fn body<R, F: core::future::Future<Output = R>>(body: F) -> F {
+        body
+    }
     pub use crate::transition::{Message, resolve, state_error, transition_error};
     pub use core::option::Option::{None, Some};
     pub use core::panic;

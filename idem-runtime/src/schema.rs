@@ -1,7 +1,8 @@
 //! The table idem keeps first results in.
 
-use crate::backend::{Backend, Source};
+use crate::backend::Backend;
 use crate::machine::Machine;
+use sqlx::Pool;
 
 /// Creates the results table of machine `M` if it does not exist (see
 /// [`Statements::create_results_table`](crate::Statements::create_results_table) for the
@@ -15,10 +16,10 @@ use crate::machine::Machine;
 /// idem::create_results_table::<Order, _>(&pool).await?;
 /// # Ok(()) }
 /// ```
-pub async fn create_results_table<'c, M: Machine, DB: Backend>(
-    source: impl Source<'c, DB>,
+pub async fn create_results_table<M: Machine, DB: Backend>(
+    pool: &Pool<DB>,
 ) -> Result<(), sqlx::Error> {
-    let mut tx = source.begin().await?;
+    let mut tx = DB::begin_pool(pool).await?;
     let sql = DB::dialect(&tx).statements(M::DEFINITION);
     DB::execute(&mut tx, sql.create_results_table, &[]).await?;
     tx.commit().await

@@ -2,7 +2,7 @@
 
 use super::{Backend, Columns, Dialect, Param, generic};
 use core::future::Future;
-use sqlx::{Any, AnyConnection, Connection, Pool, Transaction};
+use sqlx::{Any, AnyConnection, Pool, Transaction};
 
 impl super::sealed::Sealed for Any {}
 
@@ -29,16 +29,6 @@ impl Backend for Any {
         async move {
             let dialect = dialect_named(&scheme).ok_or_else(|| unsupported(&scheme))?;
             pool.begin_with(dialect.begin()).await
-        }
-    }
-
-    fn begin_connection(
-        conn: &mut AnyConnection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        async move {
-            let name = conn.backend_name();
-            let dialect = dialect_named(name).ok_or_else(|| unsupported(name))?;
-            conn.begin_with(dialect.begin()).await
         }
     }
 

@@ -29,11 +29,6 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
 
     #[doc(hidden)]
-    fn begin_connection(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
-
-    #[doc(hidden)]
     fn dialect(conn: &Self::Connection) -> Dialect;
 
     #[doc(hidden)]
@@ -99,33 +94,6 @@ impl Dialect {
             Dialect::Postgres => "BEGIN",
             Dialect::Sqlite => "BEGIN IMMEDIATE",
         }
-    }
-}
-
-/// Where an `#[idempotent]` handler gets its transaction: a pool (`&pool`) or a
-/// connection you hold (`&mut *conn`).
-///
-/// The handler begins the transaction itself (so it can choose `BEGIN IMMEDIATE` on
-/// SQLite), runs the transition and the body in it, and commits before returning.
-#[diagnostic::on_unimplemented(
-    message = "an idempotent handler needs a pool or a connection, not `{Self}`",
-    label = "pass `&pool` or `&mut *connection` here",
-    note = "the handler opens, commits or rolls back its own transaction"
-)]
-pub trait Source<'c, DB: Backend>: Send {
-    /// Begins a write transaction.
-    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send;
-}
-
-impl<'c, DB: Backend> Source<'c, DB> for &Pool<DB> {
-    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send {
-        async move { Ok(DB::begin_pool(self).await?) }
-    }
-}
-
-impl<'c, DB: Backend> Source<'c, DB> for &'c mut DB::Connection {
-    fn begin(self) -> impl Future<Output = Result<Transaction<'c, DB>, sqlx::Error>> + Send {
-        DB::begin_connection(self)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::{Backend, Columns, Dialect, Param, generic};
 use core::future::Future;
-use sqlx::{Connection, PgConnection, Pool, Postgres, Transaction};
+use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
 impl super::sealed::Sealed for Postgres {}
 
@@ -11,12 +11,6 @@ impl Backend for Postgres {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
         pool.begin()
-    }
-
-    fn begin_connection(
-        conn: &mut PgConnection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        conn.begin()
     }
 
     fn dialect(_: &PgConnection) -> Dialect {

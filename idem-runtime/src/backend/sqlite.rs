@@ -3,7 +3,7 @@
 use super::{Backend, Columns, Dialect, Param, generic};
 use core::future::Future;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{Connection, Pool, Sqlite, SqliteConnection, Transaction};
+use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
 use std::time::Duration;
 
 impl super::sealed::Sealed for Sqlite {}
@@ -13,12 +13,6 @@ impl Backend for Sqlite {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
         pool.begin_with(Dialect::Sqlite.begin())
-    }
-
-    fn begin_connection(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        conn.begin_with(Dialect::Sqlite.begin())
     }
 
     fn dialect(_: &SqliteConnection) -> Dialect {

@@ -1,0 +1,143 @@
+//! Many tasks on separate connections deliver the same transition for the same keys at
+//! once: exactly one call applies per key, every other call is a duplicate that replays the
+//! winner's result, and the body's side effect happens exactly once per key.
+
+mod common;
+
+use idem::{Outcome, StateMachine};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+
+const TASKS: usize = 32;
+const KEYS: i64 = 200;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+enum Order {
+    #[state(to(Paid))]
+    Created,
+    Paid,
+}
+
+/// What every delivery of every key ended as.
+#[derive(Default)]
+struct Tally {
+    applied: HashMap<i64, Vec<String>>,
+    duplicates: HashMap<i64, Vec<Option<String>>>,
+}
+
+macro_rules! race {
+    ($name:ident, $db:ty, $pool:ty, $setup:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                order_id: i64,
+                task: usize,
+            ) -> Result<String, sqlx::Error> {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                    .bind(order_id)
+                    .bind(task as i64)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(format!("order {order_id} paid by task {task}"))
+            }
+
+            let Some(pool): Option<$pool> = $setup else {
+                return;
+            };
+            idem::create_results_table::<Order, _>(&pool).await.unwrap();
+            let mut insert = String::from("INSERT INTO orders (order_id, status) VALUES ");
+            insert.push_str(
+                &(1..=KEYS)
+                    .map(|k| format!("({k}, 'CREATED')"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            sqlx::query(&insert).execute(&pool).await.unwrap();
+
+            let mut handles = Vec::new();
+            for task in 0..TASKS {
+                let pool2 = pool.clone();
+                handles.push(tokio::spawn(async move {
+                    let mut keys: Vec<i64> = (1..=KEYS).collect();
+                    keys.shuffle(&mut rand::rngs::StdRng::seed_from_u64(task as u64));
+                    let mut outcomes = Vec::with_capacity(keys.len());
+                    for key in keys {
+                        let outcome = pay(&pool2, key, task)
+                            .await
+                            .unwrap_or_else(|e| panic!("task {task}, key {key}: {e}"));
+                        outcomes.push((key, outcome));
+                    }
+                    outcomes
+                }));
+            }
+            let mut tally = Tally::default();
+            for handle in handles {
+                for (key, outcome) in handle.await.unwrap() {
+                    match outcome {
+                        Outcome::Applied(result) => {
+                            tally.applied.entry(key).or_default().push(result)
+                        }
+                        Outcome::AlreadyDone {
+                            current: Order::Paid,
+                            first_result,
+                        } => tally.duplicates.entry(key).or_default().push(first_result),
+                        other => panic!("key {key}: unexpected {other:?}"),
+                    }
+                }
+            }
+
+            for key in 1..=KEYS {
+                let applied = &tally.applied[&key];
+                assert_eq!(
+                    applied.len(),
+                    1,
+                    "key {key} applied {} times",
+                    applied.len()
+                );
+                let duplicates = &tally.duplicates[&key];
+                assert_eq!(duplicates.len(), TASKS - 1, "key {key}");
+                for replayed in duplicates {
+                    assert_eq!(
+                        replayed.as_ref(),
+                        Some(&applied[0]),
+                        "key {key}: replay differs"
+                    );
+                }
+            }
+            let effects: Vec<(i64, i64)> =
+                sqlx::query_as("SELECT order_id, COUNT(*) FROM effects GROUP BY order_id")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(effects.len(), KEYS as usize);
+            assert!(
+                effects.iter().all(|&(_, n)| n == 1),
+                "duplicated effects: {effects:?}"
+            );
+            let paid: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM orders WHERE status = 'PAID' AND version = 1",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(paid, KEYS);
+        }
+    };
+}
+
+race!(
+    sqlite_file_32_connections,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    Some(common::sqlite_file("concurrency", TASKS as u32).await)
+);
+race!(
+    postgres_32_connections,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres("concurrency", TASKS as u32).await
+);
