@@ -1,0 +1,38 @@
+//! The SQL the README shows is the SQL idem generates for the README's machine.
+
+#[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+#[test]
+fn readme_shows_the_generated_sql() {
+    let readme = include_str!("../README.md");
+    let blocks: Vec<&str> = readme
+        .split("```sql\n")
+        .skip(1)
+        .map(|rest| rest.split("\n```").next().unwrap())
+        .collect();
+    let sql = Order::IDEM_SQL;
+    for (what, statement) in [
+        ("PostgreSQL transition", sql.postgres.transition),
+        ("SQLite transition", sql.sqlite.transition),
+        ("SQLite classification", sql.sqlite.classify),
+        ("result insert", sql.postgres.store_result),
+        ("results table", sql.postgres.create_results_table),
+    ] {
+        assert!(
+            blocks.contains(&statement),
+            "README.md does not show the {what} as generated:\n{statement}"
+        );
+    }
+    assert_eq!(sql.postgres.store_result, sql.sqlite.store_result);
+}
