@@ -1,7 +1,12 @@
 //! The SQL the README shows is the SQL idem generates for the README's machine.
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
 enum Order {
     #[state(name = "CREATED", to(Paid, Cancelled))]
     Created,

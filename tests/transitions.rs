@@ -327,6 +327,12 @@ backend_tests!(
         .await
     )
 );
+backend_tests!(
+    any_postgres,
+    sqlx::Any,
+    sqlx::AnyPool,
+    common::any_postgres(&format!("any_{}", next_id())).await
+);
 
 /// A process-unique number, so each test gets its own database or schema.
 fn next_id() -> String {

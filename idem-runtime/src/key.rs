@@ -85,17 +85,17 @@ impl std::error::Error for KeyError {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an idempotency key",
     label = "the parameter named by `key = \"…\"` has this type",
-    note = "use an integer (`i64`, `i32`, `u32`, …) or text (`String`, `&str`) key, or implement `idem::IntoKey`"
+    note = "use an integer (`i64`, `i32`, `u32`, …) or text (`String`, `&str`) key, or implement `idem::ToKey`"
 )]
-pub trait IntoKey {
+pub trait ToKey {
     /// Converts the parameter into a bound key, validating text.
-    fn into_key(&self) -> Result<Key, KeyError>;
+    fn to_key(&self) -> Result<Key, KeyError>;
 }
 
 macro_rules! int_keys {
     ($($t:ty),*) => {$(
-        impl IntoKey for $t {
-            fn into_key(&self) -> Result<Key, KeyError> {
+        impl ToKey for $t {
+            fn to_key(&self) -> Result<Key, KeyError> {
                 Ok(Key::Int(i64::from(*self)))
             }
         }
@@ -103,20 +103,20 @@ macro_rules! int_keys {
 }
 int_keys!(i64, i32, i16, u32, u16);
 
-impl IntoKey for str {
-    fn into_key(&self) -> Result<Key, KeyError> {
+impl ToKey for str {
+    fn to_key(&self) -> Result<Key, KeyError> {
         Key::text(self)
     }
 }
 
-impl IntoKey for String {
-    fn into_key(&self) -> Result<Key, KeyError> {
+impl ToKey for String {
+    fn to_key(&self) -> Result<Key, KeyError> {
         Key::text(self.as_str())
     }
 }
 
-impl IntoKey for Key {
-    fn into_key(&self) -> Result<Key, KeyError> {
+impl ToKey for Key {
+    fn to_key(&self) -> Result<Key, KeyError> {
         match self {
             Key::Int(_) => Ok(self.clone()),
             Key::Text(s) => Key::text(s.as_str()),
@@ -124,9 +124,9 @@ impl IntoKey for Key {
     }
 }
 
-impl<T: IntoKey + ?Sized> IntoKey for &T {
-    fn into_key(&self) -> Result<Key, KeyError> {
-        (**self).into_key()
+impl<T: ToKey + ?Sized> ToKey for &T {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        (**self).to_key()
     }
 }
 
@@ -137,26 +137,26 @@ impl<T: IntoKey + ?Sized> IntoKey for &T {
     label = "the parameter named by `version = \"…\"` has this type",
     note = "use `i64` (always guarded) or `Option<i64>` (guarded when `Some`)"
 )]
-pub trait IntoVersion {
+pub trait ToVersion {
     /// The expected version, if any.
-    fn into_version(&self) -> Option<i64>;
+    fn to_version(&self) -> Option<i64>;
 }
 
-impl IntoVersion for i64 {
-    fn into_version(&self) -> Option<i64> {
+impl ToVersion for i64 {
+    fn to_version(&self) -> Option<i64> {
         Some(*self)
     }
 }
 
-impl IntoVersion for Option<i64> {
-    fn into_version(&self) -> Option<i64> {
+impl ToVersion for Option<i64> {
+    fn to_version(&self) -> Option<i64> {
         *self
     }
 }
 
-impl<T: IntoVersion + ?Sized> IntoVersion for &T {
-    fn into_version(&self) -> Option<i64> {
-        (**self).into_version()
+impl<T: ToVersion + ?Sized> ToVersion for &T {
+    fn to_version(&self) -> Option<i64> {
+        (**self).to_version()
     }
 }
 
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn integer_keys_render_as_decimal() {
-        assert_eq!(42i32.into_key().unwrap().to_text(), "42");
-        assert_eq!((-7i64).into_key().unwrap().to_text(), "-7");
+        assert_eq!(42i32.to_key().unwrap().to_text(), "42");
+        assert_eq!((-7i64).to_key().unwrap().to_text(), "-7");
     }
 }

@@ -19,7 +19,7 @@ pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
-pub use key::{IntoKey, IntoVersion, Key, KeyError, MAX_KEY_LEN};
+pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
 pub use outcome::{Outcome, OutcomeKind};
 pub use schema::create_results_table;

@@ -69,13 +69,35 @@ pub async fn postgres(name: &str, max_connections: u32) -> Option<PgPool> {
     admin.close().await;
     let options = PgConnectOptions::from_str(&url)
         .unwrap()
-        .options([("search_path", schema.as_str())]);
+        .options([("search_path", schema.as_str())])
+        .application_name(&schema);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .connect_with(options)
         .await
         .unwrap();
     sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+    Some(pool)
+}
+
+/// An `sqlx::Any` pool on PostgreSQL, on a fresh schema `name` holding [`TABLES`].
+pub async fn any_postgres(name: &str) -> Option<sqlx::AnyPool> {
+    let url = postgres_url()?;
+    drop(postgres(name, 1).await?);
+    sqlx::any::install_default_drivers();
+    let schema = format!("idem_test_{name}");
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(2)
+        .after_connect(move |conn, _| {
+            let set = format!("SET search_path TO {schema}");
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, set.as_str()).await?;
+                Ok(())
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
     Some(pool)
 }
 

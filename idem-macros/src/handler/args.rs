@@ -148,7 +148,7 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
                     "`{what}` names a parameter, and {name:?} is not a Rust identifier; {listed}"
                 ),
             );
-        } else if name == handler.tx.to_string() {
+        } else if handler.tx == name {
             cx.error_spanned_by(
                 lit,
                 format!("`{name}` is the transaction, not a business value; {listed}"),

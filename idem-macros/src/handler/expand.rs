@@ -55,12 +55,12 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
 
     let key_ident = Ident::new(&key.value(), key.span());
     let key_expr = quote_spanned! {key.span()=>
-        ::idem::CallKey::from(::idem::IntoKey::into_key(&#key_ident))
+        ::idem::CallKey::from(::idem::ToKey::to_key(&#key_ident))
     };
     let version_expr = match version {
         Some(v) => {
             let ident = Ident::new(&v.value(), v.span());
-            quote_spanned!(v.span()=> ::idem::IntoVersion::into_version(&#ident))
+            quote_spanned!(v.span()=> ::idem::ToVersion::to_version(&#ident))
         }
         None => quote!(::idem::__private::None),
     };

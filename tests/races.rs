@@ -1,0 +1,105 @@
+//! The race PostgreSQL's single statement must survive, made deterministic: the loser's
+//! UPDATE waits on the winner's row lock, the winner commits, and the loser's statement
+//! still sees the row in `from` in its snapshot. The loser must come out as a duplicate
+//! with the winner's result, never as an illegal state and never as a second application.
+
+mod common;
+
+use idem::{Outcome, StateMachine};
+use std::time::Duration;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    order_id: i64,
+) -> Result<String, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 0)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok("loser".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loser_blocked_by_the_winner_is_a_duplicate() {
+    let Some(pool) = common::postgres("lost_race", 4).await else {
+        return;
+    };
+    idem::create_results_table::<Order, _>(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // The winner: another instance running the same transition, not yet committed.
+    let sql = Order::IDEM_SQL.postgres;
+    let mut winner = pool.begin().await.unwrap();
+    let applied: Option<i64> = sqlx::query_scalar(sql.transition)
+        .bind(1i64)
+        .bind("CREATED")
+        .bind("PAID")
+        .bind("Order")
+        .bind("1")
+        .fetch_one(&mut *winner)
+        .await
+        .unwrap();
+    assert_eq!(applied, Some(1));
+    sqlx::query(sql.store_result)
+        .bind("Order")
+        .bind("1")
+        .bind("CREATED")
+        .bind("PAID")
+        .bind("\"winner\"")
+        .execute(&mut *winner)
+        .await
+        .unwrap();
+
+    let loser = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pay(&pool, 1).await })
+    };
+    // Commit only once the loser is blocked on the winner's row lock.
+    let mut waited = Duration::ZERO;
+    loop {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE application_name = 'idem_test_lost_race' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if blocked == 1 {
+            break;
+        }
+        assert!(
+            waited < Duration::from_secs(10),
+            "the loser never blocked on the row lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    winner.commit().await.unwrap();
+
+    let outcome = loser.await.unwrap().unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::AlreadyDone {
+            current: Order::Paid,
+            first_result: Some("winner".to_owned())
+        }
+    );
+    let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 0, "the loser's body must not run");
+}
