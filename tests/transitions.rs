@@ -355,3 +355,43 @@ async fn any_pool(url: &str) -> sqlx::AnyPool {
     sqlx::raw_sql(common::TABLES).execute(&pool).await.unwrap();
     pool
 }
+
+/// The same protocol without the macro, for code that builds transitions at run time.
+#[tokio::test]
+async fn run_without_the_macro() {
+    const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
+    let pool = common::sqlite_memory().await;
+    idem::create_results_table::<Order, _>(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (9, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for expected in [
+        Outcome::Applied(90),
+        Outcome::AlreadyDone {
+            current: Order::Paid,
+            first_result: Some(90),
+        },
+    ] {
+        let outcome = idem::run(
+            &pool,
+            PAY,
+            idem::Key::Int(9).into(),
+            None,
+            async |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (9, 'pay', 90)")
+                    .execute(&mut **tx)
+                    .await?;
+                Ok::<i64, sqlx::Error>(90)
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome, expected);
+    }
+    let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 1);
+}

@@ -12,13 +12,94 @@ mod sql;
 
 use proc_macro::TokenStream;
 
-/// Declares a state machine on an enum of states. See the `idem` crate.
+/// Declares a state machine on an enum whose variants are its states.
+///
+/// ```
+/// #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// #[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+/// enum Order {
+///     #[state(name = "CREATED", to(Paid, Cancelled))]
+///     Created,
+///     #[state(name = "PAID", to(Shipped))]
+///     Paid,
+///     #[state(name = "SHIPPED")]
+///     Shipped,
+///     Cancelled, // stored as "CANCELLED"
+/// }
+///
+/// use idem::Machine;
+/// assert_eq!(Order::from_db("PAID"), Some(Order::Paid));
+/// assert!(Order::IDEM_SQL.postgres.transition.starts_with("WITH upd AS ("));
+/// ```
+///
+/// `#[machine(...)]` on the enum:
+///
+/// | argument | meaning | default |
+/// |---|---|---|
+/// | `table = "…"` | the table with one row per business key (`schema.table` allowed) | required |
+/// | `key = "…"` | its key column | required |
+/// | `state = "…"` | the column holding the state name | `"state"` |
+/// | `version = "…"` | the integer column every transition increments | `"version"` |
+/// | `results = "…"` | the table keeping first results | `"idem_results"` |
+///
+/// `#[state(...)]` on a variant: `name = "…"` (the database name; default: the variant in
+/// `SCREAMING_SNAKE_CASE`) and `to(Variant, …)` (the legal transitions from this state).
+///
+/// Checked at compile time: names are plain SQL identifiers (they are quoted in the SQL,
+/// so they are case-sensitive on PostgreSQL), state names are unique, targets exist, and
+/// the transitions form no self-loop, no cycle and leave no state unconnected: idempotency
+/// by state needs every transition to make progress.
+///
+/// Generates an `idem::Machine` impl and an associated constant `IDEM_SQL` whose rustdoc
+/// shows every statement idem runs for the machine, per backend.
 #[proc_macro_derive(StateMachine, attributes(machine, state))]
 pub fn derive_state_machine(input: TokenStream) -> TokenStream {
     machine::derive_inner(input.into()).into()
 }
 
-/// Makes an `async fn` an idempotent state transition. See the `idem` crate.
+/// Makes an `async fn` an idempotent state transition of a declared machine.
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "order_id", state = "status")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// use sqlx::{Sqlite, Transaction};
+///
+/// #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+/// async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO payments (order_id) VALUES ($1)")
+///         .bind(order_id)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// // The transaction parameter became the pool; the result, an outcome.
+/// async fn caller(pool: &sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
+///     let outcome: idem::Outcome<(), Order> = pay(pool, 7).await?;
+///     assert!(outcome.is_done());
+///     Ok(())
+/// }
+/// ```
+///
+/// | argument | meaning |
+/// |---|---|
+/// | `machine = Path` | the `#[derive(StateMachine)]` enum |
+/// | `key = "param"` | the parameter holding the row's key (`i64`, `i32`, `String`, `&str`, …) |
+/// | `from = "STATE"` | the state the row must be in |
+/// | `to = "STATE"` | the state it moves to; `from → to` must be declared |
+/// | `version = "param"` | optional: a parameter (`i64` or `Option<i64>`) with the version the caller read; the transition then also requires `version = $n` |
+///
+/// The first parameter must be the transaction, `&mut sqlx::Transaction<'_, DB>` with `DB`
+/// one of `Sqlite`, `Postgres`, `Any`; the function must be `async` and return
+/// `Result<T, E>` with `T: Serialize + DeserializeOwned` (the stored first result).
+///
+/// The generated function keeps the name, attributes, visibility and other parameters. Its
+/// transaction parameter becomes `&sqlx::Pool<DB>` and its return type
+/// `idem::Handled<Result<T, E>, Machine>` = `Result<idem::Outcome<T, Machine>, idem::Error<E>>`.
+/// It begins a transaction, runs the conditional UPDATE, runs the body only if the row
+/// moved, stores the result, and commits; any other outcome rolls back an empty
+/// transaction. Every misuse is a compile error on the offending token.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::idempotent_inner(args.into(), item.into()).into()

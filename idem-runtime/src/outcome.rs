@@ -125,3 +125,38 @@ impl core::fmt::Display for OutcomeKind {
         f.write_str(self.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn done_means_applied_or_duplicate() {
+        let applied: Outcome<i32, ()> = Outcome::Applied(1);
+        let duplicate: Outcome<i32, ()> = Outcome::AlreadyDone {
+            current: (),
+            first_result: Some(1),
+        };
+        let illegal: Outcome<i32, ()> = Outcome::IllegalState {
+            current: (),
+            from: (),
+            to: (),
+        };
+        assert!(applied.is_done() && applied.is_applied());
+        assert!(duplicate.is_done() && !duplicate.is_applied());
+        assert!(!illegal.is_done() && !Outcome::<i32, ()>::NotFound.is_done());
+        assert_eq!(applied.result(), duplicate.result());
+        assert_eq!(illegal.result(), None);
+        assert_eq!(duplicate.into_result(), Some(1));
+        assert_eq!(illegal.kind().as_str(), "illegal_state");
+        assert_eq!(
+            Outcome::<i32, ()>::StaleVersion {
+                expected: 1,
+                actual: 2
+            }
+            .kind()
+            .to_string(),
+            "stale_version"
+        );
+    }
+}

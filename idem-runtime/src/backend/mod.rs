@@ -18,8 +18,9 @@ pub use sqlite::sqlite_options;
 use core::future::Future;
 use sqlx::{Pool, Transaction};
 
-/// A database idem can run transitions on: [`sqlx::Sqlite`], [`sqlx::Postgres`], and
-/// [`sqlx::Any`] (the backend is chosen at run time from the URL).
+/// A database idem can run transitions on: `sqlx::Sqlite` (feature `sqlite`),
+/// `sqlx::Postgres` (feature `postgres`) and `sqlx::Any` (feature `any`: the backend is
+/// chosen at run time from the URL).
 ///
 /// Sealed: the SQL idem generates is written and tested for these backends only.
 pub trait Backend: sqlx::Database + sealed::Sealed {
