@@ -79,6 +79,27 @@ impl<T, S> Outcome<T, S> {
         }
     }
 
+    /// Maps the result (this call's or the replayed one), keeping the outcome.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U, S> {
+        match self {
+            Outcome::Applied(result) => Outcome::Applied(f(result)),
+            Outcome::AlreadyDone {
+                current,
+                first_result,
+            } => Outcome::AlreadyDone {
+                current,
+                first_result: first_result.map(f),
+            },
+            Outcome::IllegalState { current, from, to } => {
+                Outcome::IllegalState { current, from, to }
+            }
+            Outcome::NotFound => Outcome::NotFound,
+            Outcome::StaleVersion { expected, actual } => {
+                Outcome::StaleVersion { expected, actual }
+            }
+        }
+    }
+
     /// A short, stable name for the variant, for logs and metrics labels.
     pub fn kind(&self) -> OutcomeKind {
         match self {
@@ -147,7 +168,14 @@ mod tests {
         assert!(!illegal.is_done() && !Outcome::<i32, ()>::NotFound.is_done());
         assert_eq!(applied.result(), duplicate.result());
         assert_eq!(illegal.result(), None);
-        assert_eq!(duplicate.into_result(), Some(1));
+        assert_eq!(duplicate.clone().into_result(), Some(1));
+        assert_eq!(
+            duplicate.map(|n| n * 2),
+            Outcome::AlreadyDone {
+                current: (),
+                first_result: Some(2)
+            }
+        );
         assert_eq!(illegal.kind().as_str(), "illegal_state");
         assert_eq!(
             Outcome::<i32, ()>::StaleVersion {

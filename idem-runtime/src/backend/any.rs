@@ -1,4 +1,9 @@
 //! `sqlx::Any`: the dialect is read from the connection at run time.
+//!
+//! An `Any` pool is configured by URL only, so on SQLite it cannot get the WAL journal of
+//! [`sqlite_options`](crate::sqlite_options): run `PRAGMA journal_mode = WAL` once on the
+//! database (the mode is persistent), or use an `after_connect` hook. Transactions still
+//! begin with `BEGIN IMMEDIATE`.
 
 use super::{Backend, Columns, Dialect, Param, generic};
 use core::future::Future;

@@ -22,6 +22,11 @@ use sqlx::{Pool, Transaction};
 /// `sqlx::Postgres` (feature `postgres`) and `sqlx::Any` (feature `any`: the backend is
 /// chosen at run time from the URL).
 ///
+/// SQLite transactions begin with `BEGIN IMMEDIATE`. Build SQLite pools with
+/// [`sqlite_options`](crate::sqlite_options) (WAL, busy timeout). An `sqlx::Any` pool is
+/// configured by URL only: on SQLite, set `PRAGMA journal_mode = WAL` once on the database
+/// file (it persists) or in an `after_connect` hook.
+///
 /// Sealed: the SQL idem generates is written and tested for these backends only.
 pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
