@@ -71,7 +71,9 @@ pub const fn resolve<M: Machine>(from: &str, to: &str) -> Transition {
 /// The compile error for a state name that machine `M` does not declare.
 pub const fn state_error<M: Machine>(name: &str) -> Option<Message> {
     let definition = M::DEFINITION;
-    if find(definition.states, name).is_some() {
+    // No states: the derive failed and reported why at the enum; a second error here
+    // ("its states are: " and nothing) would only hide that one.
+    if definition.states.is_empty() || find(definition.states, name).is_some() {
         return None;
     }
     let mut msg = Message::new()

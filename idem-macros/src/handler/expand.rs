@@ -5,9 +5,10 @@
 
 use super::args::Args;
 use super::signature::Handler;
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
-use syn::{FnArg, Ident, ItemFn, parse_quote};
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, parse_quote, parse_quote_spanned};
 
 pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream {
     let ItemFn {
@@ -40,7 +41,8 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
             break;
         }
     }
-    outer.output = parse_quote!(-> ::idem::Handled<#output, #machine>);
+    // Spanned at the user's return type: a type that is not a `Result` is reported there.
+    outer.output = parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>);
 
     // Each check is its own constant so that every mistake is reported, each on its token.
     let check_from = state_check(machine, from);
@@ -65,6 +67,15 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
         None => quote!(::idem::__private::None),
     };
     let doc = handler_doc(args, handler);
+    // The expansion's locals are invisible to the body (mixed-site hygiene), so a user
+    // parameter named like one of them is not shadowed.
+    let [key_local, version_local, applying, result] = [
+        "__idem_key",
+        "__idem_version",
+        "__idem_applying",
+        "__idem_result",
+    ]
+    .map(|name| Ident::new(name, Span::mixed_site()));
 
     quote! {
         #(#attrs)*
@@ -76,13 +87,13 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
             #check_transition
             const __IDEM_TRANSITION: ::idem::Transition =
                 ::idem::__private::resolve::<#machine>(#from, #to);
-            let __idem_key = #key_expr;
-            let __idem_version = #version_expr;
-            let mut __idem_applying = match ::idem::__private::begin::<#machine, _, _, _>(
+            let #key_local = #key_expr;
+            let #version_local = #version_expr;
+            let mut #applying = match ::idem::__private::begin::<#machine, _, _, _>(
                 #tx,
                 __IDEM_TRANSITION,
-                __idem_key,
-                __idem_version,
+                #key_local,
+                #version_local,
             )
             .await
             {
@@ -90,11 +101,11 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
                 ::idem::__private::Begun::Done(done) => return done,
             };
             // The body, as written, in the transition's transaction.
-            let __idem_result = {
-                let #tx: #tx_type = __idem_applying.transaction();
+            let #result = {
+                let #tx: #tx_type = #applying.transaction();
                 ::idem::__private::body::<#output, _>(async move #block).await
             };
-            __idem_applying.finish(__idem_result).await
+            #applying.finish(#result).await
         }
     }
 }

@@ -27,8 +27,9 @@ pub fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     match (cx.check(), args, signature) {
         (Ok(()), Some(args), Some(signature)) => expand::expand(&args, &signature, &function),
-        // Keep the user's function so the IDE and the rest of the crate still see it.
-        (Err(e), _, _) => with_fallback(e, quote::quote!(#function)),
+        // Keep the user's function so the IDE and the rest of the crate still see it. Its
+        // key parameter is used only by the expansion: no "unused variable" on top of the error.
+        (Err(e), _, _) => with_fallback(e, quote::quote!(#[allow(unused_variables)] #function)),
         (Ok(()), _, _) => unreachable!("a failed parse records an error"),
     }
 }

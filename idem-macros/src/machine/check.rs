@@ -140,7 +140,9 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
             ),
         );
     }
-    if n > 1 {
+    // A misspelt target or argument is the usual reason a state looks unreachable: report
+    // reachability only once the rest of the declaration is clean.
+    if n > 1 && !cx.has_errors() {
         for (i, s) in machine.states.iter().enumerate() {
             let connected = transitions
                 .iter()

@@ -1,0 +1,13 @@
+//! Compile-error suite: every mistake a user can make at a machine declaration or a handler
+//! site, one per file under `tests/ui/fail/`, with the exact message pinned in its
+//! `.stderr`; and hygiene regressions under `tests/ui/pass/` that must keep compiling.
+//!
+//! Regenerate the snapshots after a deliberate wording change with
+//! `TRYBUILD=overwrite cargo test --test ui`, then read every changed `.stderr`.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/fail/*.rs");
+    t.pass("tests/ui/pass/*.rs");
+}

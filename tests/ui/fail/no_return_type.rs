@@ -1,0 +1,23 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+// The body must be able to fail, so that its error rolls the transition back.
+#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) {
+    let _ = tx;
+}
+
+fn main() {}
