@@ -1,8 +1,9 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Columns, Dialect, Param};
+use crate::backend::{Backend, Columns, Dialect, Param, WriterGuard, wait_turn};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
+use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
 use crate::machine::Machine;
 use crate::outcome::Outcome;
@@ -49,10 +50,11 @@ where
     T: Serialize + DeserializeOwned,
     F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
 {
-    match begin(pool, transition, key, expected_version).await {
+    let (machine, codec) = (machine::<M>(), codec::<Result<T, E>>());
+    match begin(machine, codec, pool, transition, key, expected_version).await {
         Begun::Apply(mut applying) => {
             let result = body(applying.transaction()).await;
-            applying.finish(result).await
+            applying.finish(codec, result).await
         }
         Begun::Done(done) => done,
     }
@@ -73,6 +75,8 @@ pub enum Begun<DB: Backend, T, E, M> {
 #[doc(hidden)]
 pub struct Applying<DB: Backend> {
     tx: Transaction<'static, DB>,
+    // Released after COMMIT or ROLLBACK, when `Applying` is dropped.
+    _writer: Option<WriterGuard>,
     transition: Transition,
     dialect: Dialect,
     key: Key,
@@ -81,37 +85,35 @@ pub struct Applying<DB: Backend> {
 
 /// Begins a call: validates the key, opens the transaction and attempts the transition.
 #[doc(hidden)]
-pub async fn begin<M, DB, T, E>(
+pub async fn begin<M, DB: Backend, T, E>(
+    machine: MachineRef<M>,
+    codec: Codec<T>,
     pool: &Pool<DB>,
     transition: Transition,
     key: CallKey,
     expected_version: Option<i64>,
-) -> Begun<DB, T, E, M>
-where
-    M: Machine,
-    DB: Backend,
-    T: DeserializeOwned,
-{
-    match try_begin(pool, transition, key, expected_version).await {
+) -> Begun<DB, T, E, M> {
+    match try_begin(machine, codec, pool, transition, key, expected_version).await {
         Ok(Ok(applying)) => Begun::Apply(applying),
         Ok(Err(outcome)) => Begun::Done(Ok(outcome)),
         Err(e) => Begun::Done(Err(e)),
     }
 }
 
-async fn try_begin<M, DB, T, E>(
+async fn try_begin<M, DB: Backend, T, E>(
+    machine: MachineRef<M>,
+    codec: Codec<T>,
     pool: &Pool<DB>,
     transition: Transition,
     key: CallKey,
     expected_version: Option<i64>,
-) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>>
-where
-    M: Machine,
-    DB: Backend,
-    T: DeserializeOwned,
-{
+) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>> {
     let key = key.0.map_err(Error::InvalidKey)?;
     let key_text = key.to_text();
+    let writer = match DB::writer_queue(pool) {
+        Some(database) => Some(wait_turn(database).await),
+        None => None,
+    };
     let mut tx = DB::begin_pool(pool).await?;
     let dialect = DB::dialect(&tx);
     let call = Call {
@@ -125,6 +127,7 @@ where
         None => {
             return Ok(Ok(Applying {
                 tx,
+                _writer: writer,
                 transition,
                 dialect,
                 key,
@@ -145,7 +148,7 @@ where
             continue;
         }
         tx.rollback().await?;
-        return outcome(&call, classified).map(Err);
+        return outcome(machine, codec, &call, classified).map(Err);
     }
     Err(corrupt(&call, RowProblem::Unstable))
 }
@@ -157,8 +160,9 @@ impl<DB: Backend> Applying<DB> {
     }
 
     /// Ends the call with the body's result: stores it and commits, or rolls back on error.
-    pub async fn finish<T: Serialize, E, M>(
+    pub async fn finish<T, E, M>(
         mut self,
+        codec: Codec<T>,
         result: Result<T, E>,
     ) -> Result<Outcome<T, M>, Error<E>> {
         let result = match result {
@@ -170,7 +174,7 @@ impl<DB: Backend> Applying<DB> {
                 return Err(Error::Handler(e));
             }
         };
-        let json = serde_json::to_string(&result).map_err(Error::Result)?;
+        let json = (codec.encode)(&result).map_err(Error::Result)?;
         // A result that serializes to `null` (`()`, `None`) replays without storage.
         if json != "null" {
             let call = Call {
@@ -293,23 +297,26 @@ fn observed(columns: Columns) -> Observed {
     }
 }
 
-fn outcome<T: DeserializeOwned, M: Machine, E>(
+fn outcome<T, M, E>(
+    machine: MachineRef<M>,
+    codec: Codec<T>,
     call: &Call<'_>,
     classified: Classified,
 ) -> Result<Outcome<T, M>, Error<E>> {
+    let state = machine.from_index;
     let t = call.transition;
     Ok(match classified {
         Classified::AlreadyDone {
             current,
             first_result,
         } => Outcome::AlreadyDone {
-            current: M::from_index(current),
-            first_result: replay(first_result)?,
+            current: state(current),
+            first_result: replay(codec, first_result)?,
         },
         Classified::IllegalState { current } => Outcome::IllegalState {
-            current: M::from_index(current),
-            from: M::from_index(t.from),
-            to: M::from_index(t.to),
+            current: state(current),
+            from: state(t.from),
+            to: state(t.to),
         },
         Classified::NotFound => Outcome::NotFound,
         Classified::StaleVersion { expected, actual } => Outcome::StaleVersion { expected, actual },
@@ -320,10 +327,10 @@ fn outcome<T: DeserializeOwned, M: Machine, E>(
 
 /// The first result, decoded. Nothing stored means the result serialized to `null`, so a
 /// type that accepts `null` (`()`, `Option`) replays that; any other type gets `None`.
-fn replay<T: DeserializeOwned, E>(stored: Option<String>) -> Result<Option<T>, Error<E>> {
+fn replay<T, E>(codec: Codec<T>, stored: Option<String>) -> Result<Option<T>, Error<E>> {
     match stored {
-        Some(json) => serde_json::from_str(&json).map(Some).map_err(Error::Result),
-        None => Ok(serde_json::from_str("null").ok()),
+        Some(json) => (codec.decode)(&json).map(Some).map_err(Error::Result),
+        None => Ok((codec.decode)("null").ok()),
     }
 }
 

@@ -7,6 +7,8 @@ mod backend;
 mod classify;
 mod engine;
 mod error;
+mod fallible;
+mod glue;
 mod key;
 mod machine;
 mod outcome;
@@ -19,6 +21,7 @@ pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
+pub use fallible::{Fallible, Handled};
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
 pub use outcome::{Outcome, OutcomeKind};
@@ -26,35 +29,13 @@ pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
 pub use transition::Transition;
 
-/// The return type of an `#[idempotent]` handler whose body returns `R`
-/// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
-pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
-
-/// A `Result`, seen through its success and error types; lets [`Handled`] accept a
-/// handler's return type written as any alias of `Result`.
-#[diagnostic::on_unimplemented(
-    message = "an idempotent handler must return `Result<T, E>`, not `{Self}`",
-    label = "the body's error rolls the transition back, so it must be able to fail",
-    note = "return `Result<(), E>` if the body has no result to replay"
-)]
-pub trait Fallible {
-    /// The success type.
-    type Ok;
-    /// The error type.
-    type Err;
-}
-
-impl<T, E> Fallible for Result<T, E> {
-    type Ok = T;
-    type Err = E;
-}
-
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a
 /// public API: names and signatures change without notice.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
     pub use crate::engine::{Applying, Begun, begin};
+    pub use crate::glue::{Codec, MachineRef, codec, machine};
     pub use sqlx::Pool;
 
     /// Fixes the output type of the handler's body, so `?` inside it converts errors into

@@ -34,16 +34,17 @@ impl Transition {
     /// If either state is unknown or the transition is not declared (at compile time in a
     /// `const`).
     pub const fn new<M: Machine>(from: &str, to: &str) -> Transition {
-        if let Some(msg) = state_error::<M>(from) {
+        let definition = M::DEFINITION;
+        if let Some(msg) = state_error(definition, from) {
             panic!("{}", msg.as_str());
         }
-        if let Some(msg) = state_error::<M>(to) {
+        if let Some(msg) = state_error(definition, to) {
             panic!("{}", msg.as_str());
         }
-        if let Some(msg) = transition_error::<M>(from, to) {
+        if let Some(msg) = transition_error(definition, from, to) {
             panic!("{}", msg.as_str());
         }
-        resolve::<M>(from, to)
+        resolve(definition, from, to)
     }
 
     /// The database name of the source state.
@@ -57,10 +58,9 @@ impl Transition {
     }
 }
 
-/// Resolves `from → to` of machine `M`. Call only after [`state_error`] and
+/// Resolves `from → to` of a machine. Call only after [`state_error`] and
 /// [`transition_error`] returned `None`; an unknown name resolves to state 0.
-pub const fn resolve<M: Machine>(from: &str, to: &str) -> Transition {
-    let definition = M::DEFINITION;
+pub const fn resolve(definition: &'static Definition, from: &str, to: &str) -> Transition {
     Transition {
         definition,
         from: index_or_zero(definition, from),
@@ -68,9 +68,8 @@ pub const fn resolve<M: Machine>(from: &str, to: &str) -> Transition {
     }
 }
 
-/// The compile error for a state name that machine `M` does not declare.
-pub const fn state_error<M: Machine>(name: &str) -> Option<Message> {
-    let definition = M::DEFINITION;
+/// The compile error for a state name that the machine does not declare.
+pub const fn state_error(definition: &Definition, name: &str) -> Option<Message> {
     // No states: the derive failed and reported why at the enum; a second error here
     // ("its states are: " and nothing) would only hide that one.
     if definition.states.is_empty() || find(definition.states, name).is_some() {
@@ -93,10 +92,9 @@ pub const fn state_error<M: Machine>(name: &str) -> Option<Message> {
     Some(msg)
 }
 
-/// The compile error for a transition that machine `M` does not declare. `None` when
+/// The compile error for a transition that the machine does not declare. `None` when
 /// either state is unknown: [`state_error`] reports that.
-pub const fn transition_error<M: Machine>(from: &str, to: &str) -> Option<Message> {
-    let definition = M::DEFINITION;
+pub const fn transition_error(definition: &Definition, from: &str, to: &str) -> Option<Message> {
     let (Some(f), Some(t)) = (find(definition.states, from), find(definition.states, to)) else {
         return None;
     };

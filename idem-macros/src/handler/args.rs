@@ -75,34 +75,29 @@ impl Args {
             cx.push(e);
             return None;
         }
-        let mut missing = |what: &str, example: &str| {
+        let missing: Vec<&str> = [
+            ("machine", machine.is_none()),
+            ("key", key.is_none()),
+            ("from", from.is_none()),
+            ("to", to.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, absent)| absent.then_some(name))
+        .collect();
+        if !missing.is_empty() {
+            let list = missing
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let plural = if missing.len() == 1 { "" } else { "s" };
             cx.error_at(
                 Span::call_site(),
-                format!("missing argument `{what}`: {example}"),
-            )
-        };
-        if machine.is_none() {
-            missing(
-                "machine",
-                "name the `#[derive(StateMachine)]` enum this handler belongs to, e.g. `machine = Order`",
-            );
-        }
-        if key.is_none() {
-            missing(
-                "key",
-                "name the parameter holding the business key, e.g. `key = \"order_id\"`",
-            );
-        }
-        if from.is_none() {
-            missing(
-                "from",
-                "name the state the row must be in, e.g. `from = \"CREATED\"`",
-            );
-        }
-        if to.is_none() {
-            missing(
-                "to",
-                "name the state the row moves to, e.g. `to = \"PAID\"`",
+                format!(
+                    "missing argument{plural} {list}: `machine` names the `#[derive(StateMachine)]` enum, \
+                     `key` the parameter holding the row's key, `from` and `to` the states, e.g. \
+                     `#[idempotent(machine = Order, key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`"
+                ),
             );
         }
         if let (Some(f), Some(t)) = (&from, &to)

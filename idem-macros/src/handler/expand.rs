@@ -10,7 +10,12 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, parse_quote, parse_quote_spanned};
 
-pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream {
+pub fn expand(
+    args: &Args,
+    handler: &Handler,
+    output: &syn::Type,
+    function: &ItemFn,
+) -> TokenStream {
     let ItemFn {
         attrs,
         vis,
@@ -28,7 +33,6 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
         tx,
         tx_type,
         database,
-        output,
         ..
     } = handler;
 
@@ -44,16 +48,27 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
     // Spanned at the user's return type: a type that is not a `Result` is reported there.
     outer.output = parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>);
 
+    // `machine = …` must name a state machine and the result must be storable: each bound
+    // is required once, on the user's token, so a mistake is one error, not one per use.
+    let machine_ref = quote_spanned! {machine.span()=>
+        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
+            ::idem::__private::machine::<#machine>();
+    };
+    let codec = quote_spanned! {output.span()=>
+        const __IDEM_CODEC: ::idem::__private::Codec<<#output as ::idem::Fallible>::Ok> =
+            ::idem::__private::codec::<#output>();
+    };
     // Each check is its own constant so that every mistake is reported, each on its token.
-    let check_from = state_check(machine, from);
-    let check_to = state_check(machine, to);
+    let check_from = state_check(from);
+    let check_to = state_check(to);
     let check_transition = quote_spanned! {to.span()=>
         const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::transition_error::<#machine>(#from, #to)
+            ::idem::__private::transition_error(__IDEM_MACHINE.definition(), #from, #to)
         {
             ::core::panic!("{}", message.as_str())
         };
     };
+    let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
 
     let key_ident = Ident::new(&key.value(), key.span());
     let key_expr = quote_spanned! {key.span()=>
@@ -82,14 +97,18 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
         #[doc = ""]
         #[doc = #doc]
         #vis #outer {
+            #machine_ref
+            #codec
             #check_from
             #check_to
             #check_transition
             const __IDEM_TRANSITION: ::idem::Transition =
-                ::idem::__private::resolve::<#machine>(#from, #to);
+                ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
             let #key_local = #key_expr;
             let #version_local = #version_expr;
-            let mut #applying = match ::idem::__private::begin::<#machine, _, _, _>(
+            let mut #applying = match ::idem::__private::begin(
+                __IDEM_MACHINE,
+                __IDEM_CODEC,
                 #tx,
                 __IDEM_TRANSITION,
                 #key_local,
@@ -105,15 +124,15 @@ pub fn expand(args: &Args, handler: &Handler, function: &ItemFn) -> TokenStream 
                 let #tx: #tx_type = #applying.transaction();
                 ::idem::__private::body::<#output, _>(async move #block).await
             };
-            #applying.finish(#result).await
+            #applying.finish(__IDEM_CODEC, #into_result(#result)).await
         }
     }
 }
 
-fn state_check(machine: &syn::Path, state: &syn::LitStr) -> TokenStream {
+fn state_check(state: &syn::LitStr) -> TokenStream {
     quote_spanned! {state.span()=>
         const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::state_error::<#machine>(#state)
+            ::idem::__private::state_error(__IDEM_MACHINE.definition(), #state)
         {
             ::core::panic!("{}", message.as_str())
         };

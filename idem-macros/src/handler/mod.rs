@@ -26,7 +26,13 @@ pub fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStream {
         args::check_against(&mut cx, args, signature);
     }
     match (cx.check(), args, signature) {
-        (Ok(()), Some(args), Some(signature)) => expand::expand(&args, &signature, &function),
+        (Ok(()), Some(args), Some(signature)) => {
+            let output = signature
+                .output
+                .clone()
+                .expect("a missing output records an error");
+            expand::expand(&args, &signature, &output, &function)
+        }
         // Keep the user's function so the IDE and the rest of the crate still see it. Its
         // key parameter is used only by the expansion: no "unused variable" on top of the error.
         (Err(e), _, _) => with_fallback(e, quote::quote!(#[allow(unused_variables)] #function)),

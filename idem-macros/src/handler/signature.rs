@@ -10,8 +10,9 @@ pub struct Handler {
     pub tx_type: Type,
     /// The backend, the last type argument of `Transaction`.
     pub database: Type,
-    /// The result type of the body as written (`Result<Receipt, PayError>`).
-    pub output: Type,
+    /// The result type of the body as written (`Result<Receipt, PayError>`); `None` after
+    /// an error (the other checks still run).
+    pub output: Option<Type>,
     /// The parameters after the transaction that are plain identifiers.
     pub params: Vec<Param>,
 }
@@ -41,6 +42,17 @@ impl Handler {
             cx.error_spanned_by(variadic, "an idempotent handler cannot be variadic");
         }
         let output = match &sig.output {
+            syn::ReturnType::Type(_, ty) if !could_be_result(ty) => {
+                cx.error_spanned_by(
+                    ty,
+                    format!(
+                        "`{}` must return `Result<T, E>`: an error from the body rolls the transition back, and `T` is the result replayed to duplicates; write `Result<{}, E>`",
+                        sig.ident,
+                        quote::quote!(#ty).to_string().replace(' ', "")
+                    ),
+                );
+                None
+            }
             syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
             syn::ReturnType::Default => {
                 cx.error_spanned_by(
@@ -100,9 +112,33 @@ impl Handler {
             tx: tx?,
             tx_type: (*first.ty).clone(),
             database: database?,
-            output: output?,
+            output,
             params,
         })
+    }
+}
+
+/// `false` for return types that are certainly not a `Result` (the common mistakes), so
+/// they get one clear error here; anything else (an alias of `Result`, say) is left to the
+/// type checker and the `Fallible` bound.
+fn could_be_result(ty: &Type) -> bool {
+    const NOT_RESULTS: &[&str] = &[
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f32", "f64", "String", "Option", "Vec", "Box", "HashMap",
+    ];
+    match ty {
+        Type::Path(path) => {
+            path.qself.is_some()
+                || path
+                    .path
+                    .segments
+                    .last()
+                    .is_none_or(|last| !NOT_RESULTS.contains(&last.ident.to_string().as_str()))
+        }
+        Type::Paren(inner) => could_be_result(&inner.elem),
+        Type::Group(inner) => could_be_result(&inner.elem),
+        Type::Macro(_) | Type::Verbatim(_) => true,
+        _ => false,
     }
 }
 

@@ -17,6 +17,8 @@ pub struct Machine {
     pub version: Option<LitStr>,
     pub results: Option<LitStr>,
     pub states: Vec<State>,
+    /// Whether `#[machine(...)]` is present at all (if not, that is the one error to report).
+    pub has_machine_attr: bool,
 }
 
 pub struct State {
@@ -52,6 +54,7 @@ impl Machine {
             version: None,
             results: None,
             states: Vec::new(),
+            has_machine_attr: false,
         };
         let mut seen_machine_attr = false;
         for attr in input.attrs.iter().filter(|a| a.path().is_ident("machine")) {
@@ -91,6 +94,7 @@ impl Machine {
                 cx.push(e);
             }
         }
+        machine.has_machine_attr = seen_machine_attr;
         if !seen_machine_attr {
             cx.error_spanned_by(
                 &input.ident,

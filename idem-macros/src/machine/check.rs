@@ -189,13 +189,16 @@ fn required(
     match lit {
         Some(lit) => named(cx, lit, what, problem),
         None => {
-            cx.error_spanned_by(
-                &machine.ident,
-                format!(
-                    "missing `{what} = \"…\"` in `#[machine(...)]` on `{}`",
-                    machine.ident
-                ),
-            );
+            // Without `#[machine(...)]` at all, that is the one error already reported.
+            if machine.has_machine_attr {
+                cx.error_spanned_by(
+                    &machine.ident,
+                    format!(
+                        "missing `{what} = \"…\"` in `#[machine(...)]` on `{}`",
+                        machine.ident
+                    ),
+                );
+            }
             None
         }
     }

@@ -37,6 +37,11 @@ impl Backend for Any {
         }
     }
 
+    fn writer_queue(pool: &Pool<Self>) -> Option<String> {
+        let url = &pool.connect_options().database_url;
+        (dialect_named(url.scheme()) == Some(Dialect::Sqlite)).then(|| url.to_string())
+    }
+
     fn dialect(conn: &AnyConnection) -> Dialect {
         // Only reached inside a transaction begun above, which refused other backends.
         dialect_named(conn.backend_name()).unwrap_or(Dialect::Postgres)

@@ -3,7 +3,10 @@
 //! All backends share one generic implementation ([`generic`]); a backend only says
 //! which [`Dialect`] of the generated SQL it speaks and how a write transaction begins.
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "any"))]
 mod generic;
+
+mod writers;
 
 #[cfg(feature = "any")]
 mod any;
@@ -14,6 +17,7 @@ mod sqlite;
 
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
+pub(crate) use writers::{WriterGuard, wait_turn};
 
 use core::future::Future;
 use sqlx::{Pool, Transaction};
@@ -33,6 +37,11 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     fn begin_pool(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+
+    /// The database whose writers idem queues in the process before beginning (SQLite);
+    /// `None` where the database queues writers itself (PostgreSQL).
+    #[doc(hidden)]
+    fn writer_queue(pool: &Pool<Self>) -> Option<String>;
 
     #[doc(hidden)]
     fn dialect(conn: &Self::Connection) -> Dialect;

@@ -13,6 +13,10 @@ impl Backend for Postgres {
         pool.begin()
     }
 
+    fn writer_queue(_: &Pool<Self>) -> Option<String> {
+        None
+    }
+
     fn dialect(_: &PgConnection) -> Dialect {
         Dialect::Postgres
     }

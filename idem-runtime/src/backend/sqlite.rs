@@ -15,6 +15,11 @@ impl Backend for Sqlite {
         pool.begin_with(Dialect::Sqlite.begin())
     }
 
+    fn writer_queue(pool: &Pool<Self>) -> Option<String> {
+        // In-memory databases get a unique name per pool from sqlx.
+        Some(pool.connect_options().get_filename().display().to_string())
+    }
+
     fn dialect(_: &SqliteConnection) -> Dialect {
         Dialect::Sqlite
     }

@@ -1,0 +1,32 @@
+//! The handler's return type, seen as a `Result`.
+
+use crate::error::Error;
+use crate::outcome::Outcome;
+
+/// The return type of an `#[idempotent]` handler whose body returns `R`
+/// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
+pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
+
+/// A `Result`, seen through its success and error types; lets [`Handled`] accept a
+/// handler's return type written as any alias of `Result`.
+#[diagnostic::on_unimplemented(
+    message = "an idempotent handler must return `Result<T, E>`, not `{Self}`",
+    label = "the body's error rolls the transition back, so it must be able to fail",
+    note = "return `Result<(), E>` if the body has no result to replay"
+)]
+pub trait Fallible {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err;
+    /// The value as a `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+}
+
+impl<T, E> Fallible for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+}

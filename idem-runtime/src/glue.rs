@@ -1,0 +1,70 @@
+//! Values that carry a trait bound, checked once where the macro builds them (spanned at
+//! the user's token), so the rest of the generated code needs no bound and a mistake
+//! produces one error, not one per use.
+
+use crate::fallible::Fallible;
+use crate::machine::{Definition, Machine};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A machine's definition and its state decoder.
+pub struct MachineRef<M> {
+    pub(crate) definition: &'static Definition,
+    pub(crate) from_index: fn(usize) -> M,
+}
+
+impl<M> Clone for MachineRef<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for MachineRef<M> {}
+
+impl<M> MachineRef<M> {
+    /// The definition, for the compile-time checks.
+    pub const fn definition(&self) -> &'static Definition {
+        self.definition
+    }
+}
+
+/// The machine `M`; the only place generated code requires `M: Machine`.
+pub const fn machine<M: Machine>() -> MachineRef<M> {
+    MachineRef {
+        definition: M::DEFINITION,
+        from_index: M::from_index,
+    }
+}
+
+/// How a handler's result is stored and replayed.
+pub struct Codec<T> {
+    pub(crate) encode: fn(&T) -> serde_json::Result<String>,
+    pub(crate) decode: fn(&str) -> serde_json::Result<T>,
+}
+
+impl<T> Clone for Codec<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Codec<T> {}
+
+/// The codec of the success type of `R`; the only place generated code requires the
+/// result to be `Serialize + DeserializeOwned`.
+pub const fn codec<R>() -> Codec<R::Ok>
+where
+    R: Fallible,
+    R::Ok: Serialize + DeserializeOwned,
+{
+    Codec {
+        encode: encode::<R::Ok>,
+        decode: decode::<R::Ok>,
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> serde_json::Result<String> {
+    serde_json::to_string(value)
+}
+
+fn decode<T: DeserializeOwned>(json: &str) -> serde_json::Result<T> {
+    serde_json::from_str(json)
+}
