@@ -1,6 +1,6 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Columns, Dialect, Param, WriterGuard, wait_turn};
+use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, wait_turn};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
 use crate::glue::{Codec, MachineRef, codec, machine};
@@ -250,8 +250,11 @@ async fn attempt<DB: Backend>(
                     DB::fetch(conn, sql.transition_guarded, &params).await?
                 }
             };
-            let columns = columns.unwrap_or_default();
-            Ok(columns.applied_version.is_none().then(|| observed(columns)))
+            let record = columns.unwrap_or_default();
+            Ok(record
+                .int("applied_version")
+                .is_none()
+                .then(|| observed(record)))
         }
         Dialect::Sqlite => {
             let updated = match call.expected_version {
@@ -285,15 +288,15 @@ async fn store_result<DB: Backend>(
         Param::Text(t.to_name()),
         Param::Text(json),
     ];
-    DB::execute(conn, sql, &params).await
+    DB::execute(conn, sql, &params).await.map(drop)
 }
 
-fn observed(columns: Columns) -> Observed {
+fn observed(mut record: Record) -> Observed {
     Observed {
-        found: columns.found,
-        state: columns.current_state,
-        version: columns.current_version,
-        first_result: columns.first_result,
+        found: record.int("found").is_some_and(|n| n != 0),
+        state: record.take_text("current_state"),
+        version: record.int("current_version"),
+        first_result: record.take_text("first_result"),
     }
 }
 

@@ -5,7 +5,7 @@
 //! database (the mode is persistent), or use an `after_connect` hook. Transactions still
 //! begin with `BEGIN IMMEDIATE`.
 
-use super::{Backend, Columns, Dialect, Param, generic};
+use super::{Backend, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::{Any, AnyConnection, Pool, Transaction};
 
@@ -51,7 +51,7 @@ impl Backend for Any {
         conn: &'a mut AnyConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
         generic::fetch::<Any>(conn, sql, params)
     }
 
@@ -59,7 +59,7 @@ impl Backend for Any {
         conn: &'a mut AnyConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        generic::execute::<Any>(conn, sql, params)
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        generic::execute::<Any>(conn, sql, params, sqlx::any::AnyQueryResult::rows_affected)
     }
 }

@@ -1,14 +1,14 @@
 //! The two primitives every backend provides, written once over sqlx's generic API.
 
-use super::{Columns, Param};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use super::{Param, Record, Value};
+use sqlx::{Column, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-/// Runs `sql` with `params` and decodes the first row, if any, into [`Columns`].
+/// Runs `sql` with `params` and decodes the first row, if any, into a [`Record`].
 pub(super) async fn fetch<'a, DB>(
     conn: &'a mut DB::Connection,
     sql: &'a str,
     params: &'a [Param<'a>],
-) -> Result<Option<Columns>, sqlx::Error>
+) -> Result<Option<Record>, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -16,7 +16,7 @@ where
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
     &'a str: Encode<'a, DB> + Type<DB>,
-    for<'s> &'s str: ColumnIndex<DB::Row>,
+    usize: sqlx::ColumnIndex<DB::Row>,
 {
     let Some(row) = prepare::<DB>(sql, params)
         .fetch_optional(&mut *conn)
@@ -24,21 +24,29 @@ where
     else {
         return Ok(None);
     };
-    Ok(Some(Columns {
-        applied_version: optional(row.try_get::<Option<i64>, _>("applied_version"))?,
-        found: optional(row.try_get::<Option<i64>, _>("found"))?.is_some_and(|n| n != 0),
-        current_state: optional(row.try_get::<Option<String>, _>("current_state"))?,
-        current_version: optional(row.try_get::<Option<i64>, _>("current_version"))?,
-        first_result: optional(row.try_get::<Option<String>, _>("first_result"))?,
-    }))
+    let mut record = Record::default();
+    for (i, column) in row.columns().iter().enumerate() {
+        // Every column idem reads is an integer or text; NULL reads as NULL whatever its type.
+        let value = match row.try_get::<Option<i64>, _>(i) {
+            Ok(Some(n)) => Value::Int(n),
+            Ok(None) => Value::Null,
+            Err(_) => match row.try_get::<Option<String>, _>(i)? {
+                Some(s) => Value::Text(s),
+                None => Value::Null,
+            },
+        };
+        record.values.push((column.name().to_owned(), value));
+    }
+    Ok(Some(record))
 }
 
-/// Runs `sql` with `params`, discarding its result.
+/// Runs `sql` with `params`; the number of rows it affected.
 pub(super) async fn execute<'a, DB>(
     conn: &'a mut DB::Connection,
     sql: &'a str,
     params: &'a [Param<'a>],
-) -> Result<(), sqlx::Error>
+    rows_affected: fn(&DB::QueryResult) -> u64,
+) -> Result<u64, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -46,8 +54,8 @@ where
     i64: for<'q> Encode<'q, DB> + Type<DB>,
     &'a str: Encode<'a, DB> + Type<DB>,
 {
-    prepare::<DB>(sql, params).execute(&mut *conn).await?;
-    Ok(())
+    let done = prepare::<DB>(sql, params).execute(&mut *conn).await?;
+    Ok(rows_affected(&done))
 }
 
 fn prepare<'a, DB>(
@@ -67,12 +75,4 @@ where
         };
     }
     query
-}
-
-/// A column a statement does not return reads as `None`; any other error is an error.
-fn optional<T>(value: Result<Option<T>, sqlx::Error>) -> Result<Option<T>, sqlx::Error> {
-    match value {
-        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        other => other,
-    }
 }

@@ -51,14 +51,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         conn: &'a mut Self::Connection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
     #[doc(hidden)]
     fn execute<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 }
 
 /// A bound value.
@@ -69,15 +69,53 @@ pub enum Param<'a> {
     Text(&'a str),
 }
 
-/// The columns idem's statements return; a statement that lacks one reads as `None`.
+/// A row as idem reads it: every column an integer, text or NULL.
 #[doc(hidden)]
-#[derive(Debug, Default)]
-pub struct Columns {
-    pub applied_version: Option<i64>,
-    pub found: bool,
-    pub current_state: Option<String>,
-    pub current_version: Option<i64>,
-    pub first_result: Option<String>,
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub values: Vec<(String, Value)>,
+}
+
+/// One column's value.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl Record {
+    fn value(&self, column: &str) -> Option<&Value> {
+        self.values
+            .iter()
+            .find(|(name, _)| name == column)
+            .map(|(_, v)| v)
+    }
+
+    /// The integer in `column`; `None` if NULL or absent.
+    pub fn int(&self, column: &str) -> Option<i64> {
+        match self.value(column) {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The text in `column`, taken out; `None` if NULL or absent.
+    pub fn take_text(&mut self, column: &str) -> Option<String> {
+        let value = self
+            .values
+            .iter_mut()
+            .find(|(name, _)| name == column)
+            .map(|(_, v)| v)?;
+        match std::mem::replace(value, Value::Null) {
+            Value::Text(s) => Some(s),
+            other => {
+                *value = other;
+                None
+            }
+        }
+    }
 }
 
 mod sealed {

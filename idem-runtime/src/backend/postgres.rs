@@ -1,6 +1,6 @@
 //! PostgreSQL: one statement attempts the transition and classifies a miss.
 
-use super::{Backend, Columns, Dialect, Param, generic};
+use super::{Backend, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
@@ -25,7 +25,7 @@ impl Backend for Postgres {
         conn: &'a mut PgConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
         generic::fetch::<Postgres>(conn, sql, params)
     }
 
@@ -33,7 +33,12 @@ impl Backend for Postgres {
         conn: &'a mut PgConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        generic::execute::<Postgres>(conn, sql, params)
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        generic::execute::<Postgres>(
+            conn,
+            sql,
+            params,
+            sqlx::postgres::PgQueryResult::rows_affected,
+        )
     }
 }

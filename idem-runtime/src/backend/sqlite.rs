@@ -1,6 +1,6 @@
 //! SQLite: `BEGIN IMMEDIATE`, WAL and a busy timeout.
 
-use super::{Backend, Columns, Dialect, Param, generic};
+use super::{Backend, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
@@ -28,7 +28,7 @@ impl Backend for Sqlite {
         conn: &'a mut SqliteConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Columns>, sqlx::Error>> + Send + 'a {
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
         generic::fetch::<Sqlite>(conn, sql, params)
     }
 
@@ -36,8 +36,13 @@ impl Backend for Sqlite {
         conn: &'a mut SqliteConnection,
         sql: &'a str,
         params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-        generic::execute::<Sqlite>(conn, sql, params)
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        generic::execute::<Sqlite>(
+            conn,
+            sql,
+            params,
+            sqlx::sqlite::SqliteQueryResult::rows_affected,
+        )
     }
 }
 
