@@ -27,6 +27,25 @@ pub enum Error<E> {
         /// What is wrong with it.
         problem: RowProblem,
     },
+    /// A leased delivery tried to record its outcome after its lease had expired and
+    /// another delivery took the message over. Nothing was recorded by this one; roll
+    /// back whatever you did in the same transaction.
+    LeaseLost {
+        /// The consumer group.
+        group: String,
+        /// The message key.
+        key: String,
+    },
+    /// An inbox record holds data idem cannot interpret (an unknown status). Nothing was
+    /// changed; fix the record.
+    CorruptRecord {
+        /// The consumer group.
+        group: String,
+        /// The message key.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The body's result could not be stored, or a stored result could not be read back
     /// as the handler's result type (the type changed incompatibly since it was stored).
     Result(serde_json::Error),
@@ -84,6 +103,16 @@ impl<E> Error<E> {
                 problem,
             },
             Error::Result(e) => Error::Result(e),
+            Error::LeaseLost { group, key } => Error::LeaseLost { group, key },
+            Error::CorruptRecord {
+                group,
+                key,
+                problem,
+            } => Error::CorruptRecord {
+                group,
+                key,
+                problem,
+            },
         }
     }
 }
@@ -117,6 +146,18 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
                 }
             }
             Error::Result(e) => write!(f, "stored result does not match the handler's type: {e}"),
+            Error::LeaseLost { group, key } => write!(
+                f,
+                "the lease on message {key:?} of consumer group {group:?} expired and another delivery took it over; this one recorded nothing"
+            ),
+            Error::CorruptRecord {
+                group,
+                key,
+                problem,
+            } => write!(
+                f,
+                "inbox record {key:?} of consumer group {group:?}: {problem}; nothing was changed"
+            ),
         }
     }
 }
@@ -128,7 +169,9 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Database(e) => Some(e),
             Error::InvalidKey(e) => Some(e),
             Error::Result(e) => Some(e),
-            Error::CorruptRow { .. } => None,
+            Error::CorruptRow { .. } | Error::LeaseLost { .. } | Error::CorruptRecord { .. } => {
+                None
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ where
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
     &'a str: Encode<'a, DB> + Type<DB>,
+    Option<i64>: Encode<'a, DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let Some(row) = prepare::<DB>(sql, params)
@@ -53,6 +54,7 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'q> Encode<'q, DB> + Type<DB>,
     &'a str: Encode<'a, DB> + Type<DB>,
+    Option<i64>: Encode<'a, DB>,
 {
     let done = prepare::<DB>(sql, params).execute(&mut *conn).await?;
     Ok(rows_affected(&done))
@@ -66,12 +68,14 @@ where
     DB: Database,
     i64: for<'q> Encode<'q, DB> + Type<DB>,
     &'a str: Encode<'a, DB> + Type<DB>,
+    Option<i64>: Encode<'a, DB>,
 {
     let mut query = sqlx::query::<DB>(sql);
     for param in params {
         query = match *param {
             Param::Int(n) => query.bind(n),
             Param::Text(s) => query.bind(s),
+            Param::Null => query.bind(None::<i64>),
         };
     }
     query

@@ -67,6 +67,8 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 pub enum Param<'a> {
     Int(i64),
     Text(&'a str),
+    /// NULL, typed as an integer.
+    Null,
 }
 
 /// A row as idem reads it: every column an integer, text or NULL.

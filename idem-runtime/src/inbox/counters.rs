@@ -1,0 +1,73 @@
+//! What an inbox did, for a service to export as metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Running totals of one [`Inbox`](super::Inbox) (shared by its clones), since it was made.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    conflicts: AtomicU64,
+    in_progress: AtomicU64,
+    takeovers: AtomicU64,
+    dead: AtomicU64,
+    purged: AtomicU64,
+}
+
+/// A reading of an inbox's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxCounters {
+    /// Deliveries that ran the handler and committed.
+    pub applied: u64,
+    /// Deliveries absorbed as duplicates of a processed message.
+    pub duplicates: u64,
+    /// Deliveries refused: same key, different payload.
+    pub conflicts: u64,
+    /// Deliveries turned away while another delivery of the message held it.
+    pub in_progress: u64,
+    /// Expired leases taken over by a later delivery.
+    pub takeovers: u64,
+    /// Messages parked as dead after their last allowed attempt.
+    pub dead: u64,
+    /// Records deleted by retention.
+    pub purged: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counter {
+    Applied,
+    Duplicates,
+    Conflicts,
+    InProgress,
+    Takeovers,
+    Dead,
+    Purged,
+}
+
+impl Counters {
+    pub(crate) fn add(&self, counter: Counter, n: u64) {
+        let cell = match counter {
+            Counter::Applied => &self.applied,
+            Counter::Duplicates => &self.duplicates,
+            Counter::Conflicts => &self.conflicts,
+            Counter::InProgress => &self.in_progress,
+            Counter::Takeovers => &self.takeovers,
+            Counter::Dead => &self.dead,
+            Counter::Purged => &self.purged,
+        };
+        cell.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read(&self) -> InboxCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        InboxCounters {
+            applied: get(&self.applied),
+            duplicates: get(&self.duplicates),
+            conflicts: get(&self.conflicts),
+            in_progress: get(&self.in_progress),
+            takeovers: get(&self.takeovers),
+            dead: get(&self.dead),
+            purged: get(&self.purged),
+        }
+    }
+}

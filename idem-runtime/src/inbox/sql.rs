@@ -1,0 +1,89 @@
+//! The inbox's statements. Every value is bound; the table is `idem_inbox`.
+
+/// The schema, as a sqlx migration for PostgreSQL: the results table and the inbox.
+pub const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0001_idem.sql");
+/// The schema, as a sqlx migration for SQLite: the results table and the inbox.
+pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
+
+/// Records a first delivery; does nothing if the key is recorded.
+/// `$1` group, `$2` key, `$3` fingerprint, `$4` status, `$5` lease until, `$6` now.
+pub(crate) const INSERT: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
+    VALUES ($1, $2, $3, $4, 1, $5, $6, $6) \
+    ON CONFLICT (consumer_group, message_key) DO NOTHING";
+
+/// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked).
+pub(crate) const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
+    FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2";
+
+/// [`SELECT`], locking the row until the transaction ends (PostgreSQL).
+pub(crate) const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
+    FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 FOR UPDATE";
+
+/// Another attempt at a failed or expired record, if nobody took it in between.
+/// `$3` status, `$4` lease until, `$5` now, `$6` the attempts seen.
+pub(crate) const RETRY: &str = "UPDATE idem_inbox \
+    SET status = $3, attempts = attempts + 1, lease_until = $4, error = NULL, updated_at = $5 \
+    WHERE consumer_group = $1 AND message_key = $2 AND attempts = $6";
+
+/// Parks a record after its last allowed attempt. `$3` now.
+pub(crate) const BURY: &str = "UPDATE idem_inbox \
+    SET status = 'DEAD', lease_until = NULL, updated_at = $3 \
+    WHERE consumer_group = $1 AND message_key = $2";
+
+/// Stores the result of a transactional delivery. `$3` result.
+pub(crate) const STORE_RESULT: &str = "UPDATE idem_inbox SET result = $3 \
+    WHERE consumer_group = $1 AND message_key = $2";
+
+/// Records the success of a leased attempt, if it still holds the lease.
+/// `$3` result, `$4` now, `$5` the attempt.
+pub(crate) const SUCCEED: &str = "UPDATE idem_inbox \
+    SET status = 'SUCCESS', result = $3, error = NULL, lease_until = NULL, updated_at = $4 \
+    WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $5";
+
+/// Records the failure of a leased attempt: FAILED, or DEAD after the last one.
+/// `$3` max attempts, `$4` error, `$5` now, `$6` the attempt.
+pub(crate) const FAIL: &str = "UPDATE idem_inbox \
+    SET status = CASE WHEN attempts >= $3 THEN 'DEAD' ELSE 'FAILED' END, \
+    error = $4, lease_until = NULL, updated_at = $5 \
+    WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $6";
+
+/// Extends a lease still held. `$3` lease until, `$4` now, `$5` the attempt.
+pub(crate) const EXTEND: &str = "UPDATE idem_inbox SET lease_until = $3, updated_at = $4 \
+    WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $5";
+
+/// One bounded batch of retention (PostgreSQL): finished records of `$1` group last
+/// touched before `$2`, at most `$3`, skipping rows another transaction holds.
+pub(crate) const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE ctid IN (\
+    SELECT ctid FROM idem_inbox \
+    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    LIMIT $3 FOR UPDATE SKIP LOCKED)";
+
+/// One bounded batch of retention (SQLite).
+pub(crate) const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
+    SELECT rowid FROM idem_inbox \
+    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    LIMIT $3)";
+
+/// The statements of a migration, one by one (a prepared statement holds one command).
+pub(crate) fn statements(migration: &str) -> impl Iterator<Item = &str> {
+    migration.split(';').map(str::trim).filter(|statement| {
+        statement
+            .lines()
+            .any(|line| !line.trim().is_empty() && !line.trim_start().starts_with("--"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_split_into_their_statements() {
+        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION] {
+            let statements: Vec<&str> = statements(migration).collect();
+            assert_eq!(statements.len(), 3, "{statements:#?}");
+            assert!(statements[1].contains("CREATE TABLE IF NOT EXISTS idem_inbox"));
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The inbox on real databases: duplicates absorbed with the first result, conflicts
+//! refused, rollbacks redelivered, leases taken over, dead letters parked, retention.
+
+mod common;
+
+use idem::Error;
+use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey, Received};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::time::Duration;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn key(s: &str) -> MessageKey {
+    MessageKey::new(s).unwrap()
+}
+
+macro_rules! inbox_tests {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        mod $module {
+            use super::*;
+
+            async fn setup() -> Option<$pool> {
+                let pool: $pool = $setup?;
+                idem::migrate(&pool).await.unwrap();
+                Some(pool)
+            }
+
+            /// The handler's effect: one row in `effects`, in the delivery's transaction.
+            async fn deliver(
+                inbox: &Inbox,
+                pool: &$pool,
+                key: &MessageKey,
+                order_id: i64,
+                amount: i64,
+            ) -> Result<Delivery<i64>, Error<sqlx::Error>> {
+                let payload = format!("{{\"order\":{order_id},\"amount\":{amount}}}");
+                match inbox.receive(pool, key, payload.as_bytes()).await? {
+                    Received::New(mut receipt) => {
+                        let result = sqlx::query(
+                            "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)",
+                        )
+                        .bind(order_id)
+                        .bind(amount)
+                        .execute(&mut **receipt.transaction())
+                        .await
+                        .map(|_| order_id * 100 + amount);
+                        receipt.finish(result).await
+                    }
+                    Received::Done(delivery) => Ok(delivery),
+                }
+            }
+
+            async fn effects(pool: &$pool) -> i64 {
+                sqlx::query_scalar("SELECT COUNT(*) FROM effects").fetch_one(pool).await.unwrap()
+            }
+
+            #[tokio::test]
+            async fn a_redelivery_is_absorbed_with_the_first_result() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("order:1:paid");
+                assert_eq!(deliver(&inbox, &pool, &k, 1, 5).await.unwrap(), Delivery::Processed(105));
+                for _ in 0..3 {
+                    assert_eq!(
+                        deliver(&inbox, &pool, &k, 1, 5).await.unwrap(),
+                        Delivery::Duplicate { first_result: Some(105) }
+                    );
+                }
+                assert_eq!(effects(&pool).await, 1);
+                // Another consumer group processes the same message on its own.
+                let other = Inbox::new("analytics").unwrap();
+                assert!(deliver(&other, &pool, &k, 1, 5).await.unwrap().is_processed());
+                let counters = inbox.counters();
+                assert_eq!((counters.applied, counters.duplicates), (1, 3));
+            }
+
+            #[tokio::test]
+            async fn the_same_key_with_other_content_is_a_conflict() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("order:2:paid");
+                assert!(deliver(&inbox, &pool, &k, 2, 10).await.unwrap().is_processed());
+                assert_eq!(deliver(&inbox, &pool, &k, 2, 99).await.unwrap(), Delivery::Conflict);
+                assert_eq!(effects(&pool).await, 1);
+                let amount: i64 = sqlx::query_scalar("SELECT amount FROM effects").fetch_one(&pool).await.unwrap();
+                assert_eq!(amount, 10, "the first effect stays");
+                assert_eq!(inbox.counters().conflicts, 1);
+            }
+
+            #[tokio::test]
+            async fn a_failed_handler_leaves_the_message_unprocessed() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("order:3:paid");
+                let failed = match inbox.receive::<_, i64, &str>(&pool, &k, b"m").await.unwrap() {
+                    Received::New(mut receipt) => {
+                        sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (3, 'pay', 1)")
+                            .execute(&mut **receipt.transaction())
+                            .await
+                            .unwrap();
+                        receipt.finish(Err::<i64, _>("card declined")).await
+                    }
+                    Received::Done(d) => panic!("first delivery, got {d:?}"),
+                };
+                assert!(matches!(failed, Err(Error::Handler("card declined"))));
+                assert_eq!(effects(&pool).await, 0, "record and effect rolled back together");
+                let retry = inbox
+                    .process(&pool, &k, b"m", async |tx: &mut sqlx::Transaction<'static, $db>| {
+                        sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (3, 'pay', 1)")
+                            .execute(&mut **tx)
+                            .await?;
+                        Ok::<_, sqlx::Error>(())
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(retry, Delivery::Processed(()));
+                assert_eq!(effects(&pool).await, 1);
+            }
+
+            #[tokio::test]
+            async fn bad_keys_and_groups_are_refused() {
+                assert!(MessageKey::new("").is_err());
+                assert!(MessageKey::new("x".repeat(256)).is_err());
+                assert!(MessageKey::business("order:1", "paid\n").is_err());
+                assert!(Inbox::new("").is_err());
+            }
+
+            #[tokio::test]
+            async fn many_redeliveries_to_concurrent_consumers_apply_once() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                // 1,000 messages, each delivered one to three times, shuffled, to 4 consumers.
+                let mut deliveries: Vec<i64> = (0..1000).flat_map(|m| std::iter::repeat_n(m, 1 + (m as usize % 3))).collect();
+                deliveries.shuffle(&mut rand::rngs::StdRng::seed_from_u64(7));
+                let chunks: Vec<Vec<i64>> = deliveries.chunks(deliveries.len().div_ceil(4)).map(<[i64]>::to_vec).collect();
+                let mut consumers = Vec::new();
+                for chunk in chunks {
+                    let (inbox, pool) = (inbox.clone(), pool.clone());
+                    consumers.push(tokio::spawn(async move {
+                        let mut processed = 0;
+                        for m in chunk {
+                            let k = MessageKey::new(format!("msg-{m}")).unwrap();
+                            let delivery = deliver(&inbox, &pool, &k, m, 1).await.unwrap();
+                            assert!(delivery.should_ack(), "{delivery:?}");
+                            processed += usize::from(delivery.is_processed());
+                        }
+                        processed
+                    }));
+                }
+                let mut processed = 0;
+                for consumer in consumers {
+                    processed += consumer.await.unwrap();
+                }
+                assert_eq!(processed, 1000);
+                assert_eq!(effects(&pool).await, 1000);
+                let distinct: i64 = sqlx::query_scalar("SELECT COUNT(DISTINCT order_id) FROM effects").fetch_one(&pool).await.unwrap();
+                assert_eq!(distinct, 1000);
+                let c = inbox.counters();
+                assert_eq!((c.applied, c.duplicates), (1000, deliveries.len() as u64 - 1000));
+            }
+
+            #[tokio::test]
+            async fn a_replay_within_retention_is_absorbed_and_after_it_is_not() {
+                let Some(pool) = setup().await else { return };
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = Inbox::new("billing").unwrap().clock(clock.clone());
+                let k = key("order:4:paid");
+                assert!(deliver(&inbox, &pool, &k, 4, 1).await.unwrap().is_processed());
+                // A dead-letter replay an hour later: absorbed.
+                clock.advance(HOUR);
+                assert_eq!(inbox.purge(&pool, 24 * HOUR, 100).await.unwrap(), 0);
+                assert!(matches!(deliver(&inbox, &pool, &k, 4, 1).await.unwrap(), Delivery::Duplicate { .. }));
+                // Past the retention period the record is gone, and a replay applies again:
+                // that is why retention must outlast every replay window.
+                clock.advance(25 * HOUR);
+                assert_eq!(inbox.purge(&pool, 24 * HOUR, 100).await.unwrap(), 1);
+                assert!(deliver(&inbox, &pool, &k, 4, 1).await.unwrap().is_processed());
+                assert_eq!(effects(&pool).await, 2);
+            }
+
+            #[tokio::test]
+            async fn retention_deletes_in_bounded_batches_and_spares_live_leases() {
+                let Some(pool) = setup().await else { return };
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = Inbox::new("billing").unwrap().clock(clock.clone()).lease(48 * HOUR);
+                let mut insert = String::from(
+                    "INSERT INTO idem_inbox (consumer_group, message_key, fingerprint, status, attempts, created_at, updated_at) VALUES ",
+                );
+                insert.push_str(
+                    &(0..2500)
+                        .map(|i| format!("('billing', 'k{i}', 'f', 'SUCCESS', 1, 1700000000000, 1700000000000)"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                );
+                sqlx::query(&insert).execute(&pool).await.unwrap();
+                let Claimed::Work(_lease) = inbox.claim::<_, (), ()>(&pool, &key("live"), b"x").await.unwrap() else {
+                    panic!("first claim")
+                };
+                clock.advance(30 * HOUR);
+                assert_eq!(inbox.purge(&pool, 24 * HOUR, 1000).await.unwrap(), 2500);
+                assert_eq!(inbox.counters().purged, 2500);
+                let left: Vec<String> = sqlx::query_scalar("SELECT message_key FROM idem_inbox").fetch_all(&pool).await.unwrap();
+                assert_eq!(left, ["live"], "a PROCESSING record is never purged");
+            }
+
+            #[tokio::test]
+            async fn leases_are_exclusive_expire_and_are_taken_over() {
+                let Some(pool) = setup().await else { return };
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = Inbox::new("mailer").unwrap().clock(clock.clone()).lease(Duration::from_secs(30));
+                let k = key("welcome:7");
+                let Claimed::Work(first) = inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("first claim")
+                };
+                assert_eq!(first.attempt(), 1);
+                // While the lease lives, a redelivery is told to come back later.
+                assert!(matches!(
+                    inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap(),
+                    Claimed::Done(Delivery::InProgress { lease_until_millis: Some(_) })
+                ));
+                // The first worker hangs past its lease; a redelivery takes over.
+                clock.advance(Duration::from_secs(31));
+                let Claimed::Work(second) = inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("takeover")
+                };
+                assert_eq!(second.attempt(), 2);
+                // The first worker wakes up: its outcome is refused.
+                assert!(matches!(
+                    first.complete(&pool, Ok::<_, String>("sent by 1".to_owned())).await,
+                    Err(Error::LeaseLost { .. })
+                ));
+                assert_eq!(
+                    second.complete(&pool, Ok::<_, String>("sent by 2".to_owned())).await.unwrap(),
+                    Delivery::Processed("sent by 2".to_owned())
+                );
+                assert_eq!(
+                    inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap().done(),
+                    Some(Delivery::Duplicate { first_result: Some("sent by 2".to_owned()) })
+                );
+                let c = inbox.counters();
+                assert_eq!((c.applied, c.takeovers, c.in_progress, c.duplicates), (1, 1, 1, 1));
+            }
+
+            #[tokio::test]
+            async fn failures_are_retried_then_parked_as_dead() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("mailer").unwrap().max_attempts(3);
+                let k = key("welcome:8");
+                for attempt in 1..=3 {
+                    let Claimed::Work(lease) = inbox.claim::<_, (), String>(&pool, &k, b"hi").await.unwrap() else {
+                        panic!("attempt {attempt}")
+                    };
+                    assert_eq!(lease.attempt(), attempt);
+                    let failed = lease.complete(&pool, Err::<(), _>(format!("smtp down {attempt}"))).await;
+                    assert!(matches!(failed, Err(Error::Handler(_))));
+                }
+                assert_eq!(
+                    inbox.claim::<_, (), String>(&pool, &k, b"hi").await.unwrap().done(),
+                    Some(Delivery::Dead { attempts: 3, last_error: Some("smtp down 3".into()) })
+                );
+                assert_eq!(inbox.counters().dead, 1);
+                let status: String = sqlx::query_scalar("SELECT status FROM idem_inbox").fetch_one(&pool).await.unwrap();
+                assert_eq!(status, "DEAD");
+            }
+
+            #[tokio::test]
+            async fn a_concurrent_duplicate_gives_up_after_the_lock_timeout() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap().lock_timeout(Duration::from_millis(200));
+                let k = key("order:9:paid");
+                let Received::New(receipt) = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap() else {
+                    panic!("first delivery")
+                };
+                // The first delivery is still in its transaction: the second waits, then gives up.
+                let second = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap();
+                assert!(matches!(second, Received::Done(Delivery::InProgress { .. })), "{second:?}");
+                assert_eq!(receipt.finish(Ok::<(), ()>(())).await.unwrap(), Delivery::Processed(()));
+                let third = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap();
+                assert!(matches!(third, Received::Done(Delivery::Duplicate { .. })), "{third:?}");
+                assert_eq!(inbox.counters().in_progress, 1);
+            }
+        }
+    };
+}
+
+inbox_tests!(
+    sqlite_file,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    Some(common::sqlite_file(&format!("inbox-{}", next_id()), 8).await)
+);
+inbox_tests!(
+    postgres,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres(&format!("inbox_{}", next_id()), 8).await
+);
+
+/// A process-unique number, so each test gets its own database or schema.
+fn next_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+trait Done<T> {
+    fn done(self) -> Option<Delivery<T>>;
+}
+
+impl<T> Done<T> for Claimed<T> {
+    fn done(self) -> Option<Delivery<T>> {
+        match self {
+            Claimed::Done(d) => Some(d),
+            Claimed::Work(_) => None,
+        }
+    }
+}
