@@ -41,3 +41,15 @@ fn readme_shows_the_generated_sql() {
     }
     assert_eq!(sql.postgres.store_result, sql.sqlite.store_result);
 }
+
+#[test]
+fn readme_shows_the_inbox_schema() {
+    let readme = include_str!("../README.md");
+    let migration = idem::inbox::POSTGRES_MIGRATION;
+    let table = migration
+        .split(';')
+        .find(|s| s.contains("CREATE TABLE IF NOT EXISTS idem_inbox"))
+        .unwrap();
+    let table = table[table.find("CREATE TABLE").unwrap()..].trim();
+    assert!(readme.contains(table), "README.md does not show the inbox table as migrated");
+}
