@@ -51,5 +51,8 @@ fn readme_shows_the_inbox_schema() {
         .find(|s| s.contains("CREATE TABLE IF NOT EXISTS idem_inbox"))
         .unwrap();
     let table = table[table.find("CREATE TABLE").unwrap()..].trim();
-    assert!(readme.contains(table), "README.md does not show the inbox table as migrated");
+    assert!(
+        readme.contains(table),
+        "README.md does not show the inbox table as migrated"
+    );
 }

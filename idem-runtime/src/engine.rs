@@ -77,10 +77,7 @@ pub struct Applying<DB: Backend> {
     tx: Transaction<'static, DB>,
     // Released after COMMIT or ROLLBACK, when `Applying` is dropped.
     _writer: Option<WriterGuard>,
-    transition: Transition,
-    dialect: Dialect,
-    key: Key,
-    key_text: String,
+    moved: Moved,
 }
 
 /// Begins a call: validates the key, opens the transaction and attempts the transition.
@@ -109,48 +106,118 @@ async fn try_begin<M, DB: Backend, T, E>(
     expected_version: Option<i64>,
 ) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>> {
     let key = key.0.map_err(Error::InvalidKey)?;
-    let key_text = key.to_text();
     let writer = match DB::writer_queue(pool) {
         Some(database) => Some(wait_turn(database).await),
         None => None,
     };
     let mut tx = DB::begin_pool(pool).await?;
-    let dialect = DB::dialect(&tx);
-    let call = Call {
-        transition: &transition,
-        dialect,
-        key: &key,
-        key_text: &key_text,
-        expected_version,
-    };
-    let mut observed = match attempt::<DB>(&mut tx, &call).await? {
-        None => {
-            return Ok(Ok(Applying {
-                tx,
-                _writer: writer,
-                transition,
-                dialect,
-                key,
-                key_text,
-            }));
+    match attempt_in::<M, DB, T, E>(&mut tx, machine, codec, transition, key, expected_version)
+        .await?
+    {
+        Step::Moved(moved) => Ok(Ok(Applying {
+            tx,
+            _writer: writer,
+            moved,
+        })),
+        Step::Done(outcome) => {
+            tx.rollback().await?;
+            Ok(Err(outcome))
         }
+    }
+}
+
+/// What the transition did in a transaction someone else owns.
+#[doc(hidden)]
+pub enum Step<T, M> {
+    /// The row moved: run the body, then [`Moved::store`] its result.
+    Moved(Moved),
+    /// Nothing moved; the outcome. The caller decides what to do with its transaction.
+    Done(Outcome<T, M>),
+}
+
+/// A transition that moved its row, waiting for the body's result to be stored.
+#[doc(hidden)]
+pub struct Moved {
+    transition: Transition,
+    dialect: Dialect,
+    key: Key,
+    key_text: String,
+}
+
+/// Attempts `transition` in `tx` (a transaction the caller owns and ends: the inbox's,
+/// when a handler is both a consumer and a transition).
+#[doc(hidden)]
+pub async fn transition_in<M, DB: Backend, T, E>(
+    tx: &mut Transaction<'static, DB>,
+    machine: MachineRef<M>,
+    codec: Codec<T>,
+    transition: Transition,
+    key: CallKey,
+    expected_version: Option<i64>,
+) -> Result<Step<T, M>, Error<E>> {
+    let key = key.0.map_err(Error::InvalidKey)?;
+    attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await
+}
+
+async fn attempt_in<M, DB: Backend, T, E>(
+    conn: &mut DB::Connection,
+    machine: MachineRef<M>,
+    codec: Codec<T>,
+    transition: Transition,
+    key: Key,
+    expected_version: Option<i64>,
+) -> Result<Step<T, M>, Error<E>> {
+    let moved = Moved {
+        transition,
+        dialect: DB::dialect(conn),
+        key_text: key.to_text(),
+        key,
+    };
+    let call = moved.call(expected_version);
+    let mut observed = match attempt::<DB>(conn, &call).await? {
+        None => return Ok(Step::Moved(moved)),
         Some(observed) => observed,
     };
     for _ in 0..LOST_RACE_ATTEMPTS {
         let classified = classify(&transition, observed, expected_version);
-        if classified == Classified::LostRace {
-            // A concurrent transaction moved the row after this statement's snapshot:
-            // try again with a fresh statement (and snapshot, under READ COMMITTED).
-            observed = match attempt::<DB>(&mut tx, &call).await? {
-                Some(observed) => observed,
-                None => return Err(corrupt(&call, RowProblem::Unstable)),
-            };
-            continue;
+        if classified != Classified::LostRace {
+            return outcome(machine, codec, &call, classified).map(Step::Done);
         }
-        tx.rollback().await?;
-        return outcome(machine, codec, &call, classified).map(Err);
+        // A concurrent transaction moved the row after this statement's snapshot: try
+        // again with a fresh statement (and snapshot, under READ COMMITTED).
+        observed = match attempt::<DB>(conn, &call).await? {
+            None => return Ok(Step::Moved(moved)),
+            Some(observed) => observed,
+        };
     }
     Err(corrupt(&call, RowProblem::Unstable))
+}
+
+impl Moved {
+    fn call(&self, expected_version: Option<i64>) -> Call<'_> {
+        Call {
+            transition: &self.transition,
+            dialect: self.dialect,
+            key: &self.key,
+            key_text: &self.key_text,
+            expected_version,
+        }
+    }
+
+    /// Stores the body's result with the transition (skipped if it serializes to `null`).
+    pub async fn store<DB: Backend, T, E>(
+        &self,
+        tx: &mut Transaction<'static, DB>,
+        codec: Codec<T>,
+        result: &T,
+    ) -> Result<(), Error<E>> {
+        let json = (codec.encode)(result).map_err(Error::Result)?;
+        // A result that serializes to `null` (`()`, `None`) replays without storage.
+        if json != "null" {
+            store_result::<DB>(tx, &self.call(None), &json).await?;
+        }
+        Ok(())
+    }
 }
 
 impl<DB: Backend> Applying<DB> {
@@ -174,18 +241,7 @@ impl<DB: Backend> Applying<DB> {
                 return Err(Error::Handler(e));
             }
         };
-        let json = (codec.encode)(&result).map_err(Error::Result)?;
-        // A result that serializes to `null` (`()`, `None`) replays without storage.
-        if json != "null" {
-            let call = Call {
-                transition: &self.transition,
-                dialect: self.dialect,
-                key: &self.key,
-                key_text: &self.key_text,
-                expected_version: None,
-            };
-            store_result::<DB>(&mut self.tx, &call, &json).await?;
-        }
+        self.moved.store(&mut self.tx, codec, &result).await?;
         self.tx.commit().await?;
         Ok(Outcome::Applied(result))
     }

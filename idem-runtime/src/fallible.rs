@@ -1,11 +1,22 @@
 //! The handler's return type, seen as a `Result`.
 
 use crate::error::Error;
+use crate::inbox::Delivery;
 use crate::outcome::Outcome;
 
 /// The return type of an `#[idempotent]` handler whose body returns `R`
 /// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
 pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
+
+/// The return type of an `#[idempotent]` message handler (`inbox`, `message`, `payload`)
+/// whose body returns `R` (`Result<T, E>`): `Result<Delivery<T>, Error<E>>`.
+pub type Consumed<R> = Result<Delivery<<R as Fallible>::Ok>, Error<<R as Fallible>::Err>>;
+
+/// The return type of an `#[idempotent]` handler that is both a message handler and a
+/// transition of machine `M`: `Result<Delivery<Outcome<T, M>>, Error<E>>`. A redelivery
+/// replays the first delivery's outcome, whatever it was.
+pub type ConsumedTransition<R, M> =
+    Result<Delivery<Outcome<<R as Fallible>::Ok, M>>, Error<<R as Fallible>::Err>>;
 
 /// A `Result`, seen through its success and error types; lets [`Handled`] accept a
 /// handler's return type written as any alias of `Result`.

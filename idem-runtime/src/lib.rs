@@ -22,7 +22,7 @@ pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
-pub use fallible::{Fallible, Handled};
+pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
 pub use inbox::migrate;
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
@@ -36,8 +36,10 @@ pub use transition::Transition;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
-    pub use crate::engine::{Applying, Begun, begin};
-    pub use crate::glue::{Codec, MachineRef, codec, machine};
+    pub use crate::engine::{Applying, Begun, Moved, Step, begin, transition_in};
+    pub use crate::glue::{Codec, MachineRef, codec, machine, outcome_codec};
+    pub use crate::inbox::{AsInbox, AsMessageKey, Received};
+    pub use core::convert::AsRef;
     pub use sqlx::Pool;
 
     /// Fixes the output type of the handler's body, so `?` inside it converts errors into

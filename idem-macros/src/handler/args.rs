@@ -1,19 +1,35 @@
-//! The attribute's arguments: `machine = Order, key = "order_id", from = "CREATED", to = "PAID"`,
-//! and optionally `version = "expected_version"`.
+//! The attribute's arguments, in two groups that can be combined:
+//!
+//! - a state transition: `machine = Order, key = "order_id", from = "CREATED", to = "PAID"`,
+//!   and optionally `version = "expected_version"`;
+//! - an inbox delivery: `inbox = "inbox", message = "message_key", payload = "payload"`,
+//!   each naming a parameter.
 
 use super::signature::Handler;
 use crate::ctxt::Ctxt;
 use proc_macro2::{Span, TokenStream};
 use syn::{LitStr, Path};
 
-pub const KEYS: &str = "machine, key, from, to, version";
+pub const KEYS: &str = "machine, key, from, to, version, inbox, message, payload";
 
 pub struct Args {
+    pub transition: Option<TransitionArgs>,
+    pub inbox: Option<InboxArgs>,
+}
+
+pub struct TransitionArgs {
     pub machine: Path,
     pub key: LitStr,
     pub from: LitStr,
     pub to: LitStr,
     pub version: Option<LitStr>,
+}
+
+/// Parameter names: the `&Inbox`, the `&MessageKey`, the payload bytes.
+pub struct InboxArgs {
+    pub inbox: LitStr,
+    pub message: LitStr,
+    pub payload: LitStr,
 }
 
 impl Args {
@@ -23,6 +39,9 @@ impl Args {
         let mut from = None;
         let mut to = None;
         let mut version = None;
+        let mut inbox = None;
+        let mut message = None;
+        let mut payload = None;
         let parser = syn::meta::parser(|meta| {
             let name = meta
                 .path
@@ -43,6 +62,9 @@ impl Args {
                 "from" => &mut from,
                 "to" => &mut to,
                 "version" => &mut version,
+                "inbox" => &mut inbox,
+                "message" => &mut message,
+                "payload" => &mut payload,
                 _ => {
                     let shown = meta
                         .path
@@ -75,29 +97,37 @@ impl Args {
             cx.push(e);
             return None;
         }
-        let missing: Vec<&str> = [
-            ("machine", machine.is_none()),
-            ("key", key.is_none()),
-            ("from", from.is_none()),
-            ("to", to.is_none()),
-        ]
-        .into_iter()
-        .filter_map(|(name, absent)| absent.then_some(name))
-        .collect();
-        if !missing.is_empty() {
-            let list = missing
-                .iter()
-                .map(|m| format!("`{m}`"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let plural = if missing.len() == 1 { "" } else { "s" };
-            cx.error_at(
-                Span::call_site(),
-                format!(
-                    "missing argument{plural} {list}: `machine` names the `#[derive(StateMachine)]` enum, \
-                     `key` the parameter holding the row's key, `from` and `to` the states, e.g. \
-                     `#[idempotent(machine = Order, key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`"
-                ),
+        let wants_transition = machine.is_some()
+            || key.is_some()
+            || from.is_some()
+            || to.is_some()
+            || version.is_some();
+        let wants_inbox = inbox.is_some() || message.is_some() || payload.is_some();
+        if wants_inbox {
+            missing_arguments(
+                cx,
+                &[
+                    ("inbox", inbox.is_none()),
+                    ("message", message.is_none()),
+                    ("payload", payload.is_none()),
+                ],
+                "`inbox`, `message` and `payload` name the parameters holding the `&Inbox`, the \
+                 `&MessageKey` and the payload bytes, e.g. \
+                 `#[idempotent(inbox = \"inbox\", message = \"key\", payload = \"payload\")]`",
+            );
+        }
+        if wants_transition || !wants_inbox {
+            missing_arguments(
+                cx,
+                &[
+                    ("machine", machine.is_none()),
+                    ("key", key.is_none()),
+                    ("from", from.is_none()),
+                    ("to", to.is_none()),
+                ],
+                "`machine` names the `#[derive(StateMachine)]` enum, `key` the parameter holding the \
+                 row's key, `from` and `to` the states, e.g. \
+                 `#[idempotent(machine = Order, key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`",
             );
         }
         if let (Some(f), Some(t)) = (&from, &to)
@@ -111,14 +141,47 @@ impl Args {
                 ),
             );
         }
-        Some(Args {
-            machine: machine?,
-            key: key?,
-            from: from?,
-            to: to?,
-            version,
-        })
+        let transition = if wants_transition || !wants_inbox {
+            Some(TransitionArgs {
+                machine: machine?,
+                key: key?,
+                from: from?,
+                to: to?,
+                version,
+            })
+        } else {
+            None
+        };
+        let inbox = if wants_inbox {
+            Some(InboxArgs {
+                inbox: inbox?,
+                message: message?,
+                payload: payload?,
+            })
+        } else {
+            None
+        };
+        Some(Args { transition, inbox })
     }
+}
+
+fn missing_arguments(cx: &mut Ctxt, arguments: &[(&str, bool)], explanation: &str) {
+    let missing: Vec<String> = arguments
+        .iter()
+        .filter(|(_, absent)| *absent)
+        .map(|(name, _)| format!("`{name}`"))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let plural = if missing.len() == 1 { "" } else { "s" };
+    cx.error_at(
+        Span::call_site(),
+        format!(
+            "missing argument{plural} {}: {explanation}",
+            missing.join(", ")
+        ),
+    );
 }
 
 /// The arguments that name parameters must name real ones.
@@ -133,8 +196,19 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
     } else {
         format!("its parameters are: {}", names.join(", "))
     };
-    for (what, lit) in [("key", Some(&args.key)), ("version", args.version.as_ref())] {
-        let Some(lit) = lit else { continue };
+    let mut named: Vec<(&str, &LitStr)> = Vec::new();
+    if let Some(t) = &args.transition {
+        named.push(("key", &t.key));
+        named.extend(t.version.as_ref().map(|v| ("version", v)));
+    }
+    if let Some(i) = &args.inbox {
+        named.extend([
+            ("inbox", &i.inbox),
+            ("message", &i.message),
+            ("payload", &i.payload),
+        ]);
+    }
+    for (what, lit) in &named {
         let name = lit.value();
         if syn::parse_str::<syn::Ident>(&name).is_err() {
             cx.error_spanned_by(
@@ -158,12 +232,18 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
             );
         }
     }
-    if let Some(version) = &args.version
-        && version.value() == args.key.value()
-    {
-        cx.error_spanned_by(
-            version,
-            "the key and the expected version must be different parameters",
-        );
+    for (i, (what, lit)) in named.iter().enumerate() {
+        if let Some((first, _)) = named[..i]
+            .iter()
+            .find(|(_, other)| other.value() == lit.value())
+        {
+            cx.error_spanned_by(
+                lit,
+                format!(
+                    "`{first}` and `{what}` both name the parameter `{}`: they must be different parameters",
+                    lit.value()
+                ),
+            );
+        }
     }
 }

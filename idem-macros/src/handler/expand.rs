@@ -3,7 +3,7 @@
 //! the body (as an async block) run only if the row moved, and compile-time checks of the
 //! transition spanned at the user's tokens.
 
-use super::args::Args;
+use super::args::{Args, InboxArgs, TransitionArgs};
 use super::signature::Handler;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -22,13 +22,6 @@ pub fn expand(
         sig,
         block,
     } = function;
-    let Args {
-        machine,
-        from,
-        to,
-        key,
-        version,
-    } = args;
     let Handler {
         tx,
         tx_type,
@@ -46,17 +39,143 @@ pub fn expand(
         }
     }
     // Spanned at the user's return type: a type that is not a `Result` is reported there.
-    outer.output = parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>);
-
-    // `machine = …` must name a state machine and the result must be storable: each bound
-    // is required once, on the user's token, so a mistake is one error, not one per use.
-    let machine_ref = quote_spanned! {machine.span()=>
-        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
-            ::idem::__private::machine::<#machine>();
+    outer.output = match (&args.transition, &args.inbox) {
+        (Some(t), None) => {
+            let machine = &t.machine;
+            parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>)
+        }
+        (None, _) => parse_quote_spanned!(output.span()=> -> ::idem::Consumed<#output>),
+        (Some(t), Some(_)) => {
+            let machine = &t.machine;
+            parse_quote_spanned!(output.span()=> -> ::idem::ConsumedTransition<#output, #machine>)
+        }
     };
+
+    // The result must be storable: required once, on the user's return type.
     let codec = quote_spanned! {output.span()=>
         const __IDEM_CODEC: ::idem::__private::Codec<<#output as ::idem::Fallible>::Ok> =
             ::idem::__private::codec::<#output>();
+    };
+    let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
+    // The expansion's locals are invisible to the body (mixed-site hygiene), so a user
+    // parameter named like one of them is not shadowed.
+    let [applying, result, receipt] = ["__idem_applying", "__idem_result", "__idem_receipt"]
+        .map(|name| Ident::new(name, Span::mixed_site()));
+    // The body, as written, in the transaction of `holder`.
+    let run_body = |holder: &Ident| {
+        quote! {{
+            let #tx: #tx_type = #holder.transaction();
+            ::idem::__private::body::<#output, _>(async move #block).await
+        }}
+    };
+    let doc = handler_doc(args, handler);
+
+    let body = match (&args.transition, &args.inbox) {
+        (Some(t), None) => {
+            let (checks, call) = transition_checks(t);
+            let body = run_body(&applying);
+            quote! {
+                #checks
+                let mut #applying = match ::idem::__private::begin(
+                    __IDEM_MACHINE,
+                    __IDEM_CODEC,
+                    #tx,
+                    __IDEM_TRANSITION,
+                    #call
+                )
+                .await
+                {
+                    ::idem::__private::Begun::Apply(applying) => applying,
+                    ::idem::__private::Begun::Done(done) => return done,
+                };
+                let #result = #body;
+                #applying.finish(__IDEM_CODEC, #into_result(#result)).await
+            }
+        }
+        (None, Some(i)) => {
+            let receive = receive(i, tx, &receipt, quote!(__IDEM_CODEC));
+            let body = run_body(&receipt);
+            quote! {
+                #receive
+                let #result = #body;
+                #receipt.finish_with(__IDEM_CODEC, #into_result(#result)).await
+            }
+        }
+        (Some(t), Some(i)) => {
+            let (checks, call) = transition_checks(t);
+            let machine = &t.machine;
+            let outcome_codec = quote_spanned! {output.span()=>
+                const __IDEM_OUTCOME_CODEC: ::idem::__private::Codec<
+                    ::idem::Outcome<<#output as ::idem::Fallible>::Ok, #machine>,
+                > = ::idem::__private::outcome_codec::<#output, #machine>();
+            };
+            let receive = receive(i, tx, &receipt, quote!(__IDEM_OUTCOME_CODEC));
+            let body = run_body(&receipt);
+            quote! {
+                #checks
+                #outcome_codec
+                #receive
+                let __idem_outcome = match ::idem::__private::transition_in(
+                    #receipt.transaction(),
+                    __IDEM_MACHINE,
+                    __IDEM_CODEC,
+                    __IDEM_TRANSITION,
+                    #call
+                )
+                .await
+                {
+                    ::core::result::Result::Ok(::idem::__private::Step::Moved(moved)) => {
+                        let #result = #body;
+                        match #into_result(#result) {
+                            ::core::result::Result::Ok(value) => {
+                                if let ::core::result::Result::Err(e) =
+                                    moved.store(#receipt.transaction(), __IDEM_CODEC, &value).await
+                                {
+                                    return ::core::result::Result::Err(e);
+                                }
+                                ::idem::Outcome::Applied(value)
+                            }
+                            ::core::result::Result::Err(e) => {
+                                return #receipt
+                                    .finish_with(__IDEM_OUTCOME_CODEC, ::core::result::Result::Err(e))
+                                    .await;
+                            }
+                        }
+                    }
+                    ::core::result::Result::Ok(::idem::__private::Step::Done(outcome)) => outcome,
+                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(e),
+                };
+                #receipt.finish_transition(__IDEM_OUTCOME_CODEC, __idem_outcome).await
+            }
+        }
+        (None, None) => unreachable!("parsing requires one group of arguments"),
+    };
+
+    quote! {
+        #(#attrs)*
+        #[doc = ""]
+        #[doc = #doc]
+        #vis #outer {
+            #codec
+            #body
+        }
+    }
+}
+
+/// The compile-time checks of a transition and the arguments of the call that runs it
+/// (`key, expected_version`).
+fn transition_checks(t: &TransitionArgs) -> (TokenStream, TokenStream) {
+    let TransitionArgs {
+        machine,
+        from,
+        to,
+        key,
+        version,
+    } = t;
+    // `machine = …` must name a state machine: required once, on the user's token.
+    let machine_ref = quote_spanned! {machine.span()=>
+        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
+            ::idem::__private::machine::<#machine>();
     };
     // Each check is its own constant so that every mistake is reported, each on its token.
     let check_from = state_check(from);
@@ -68,8 +187,6 @@ pub fn expand(
             ::core::panic!("{}", message.as_str())
         };
     };
-    let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
-
     let key_ident = Ident::new(&key.value(), key.span());
     let key_expr = quote_spanned! {key.span()=>
         ::idem::CallKey::from(::idem::ToKey::to_key(&#key_ident))
@@ -81,51 +198,39 @@ pub fn expand(
         }
         None => quote!(::idem::__private::None),
     };
-    let doc = handler_doc(args, handler);
-    // The expansion's locals are invisible to the body (mixed-site hygiene), so a user
-    // parameter named like one of them is not shadowed.
-    let [key_local, version_local, applying, result] = [
-        "__idem_key",
-        "__idem_version",
-        "__idem_applying",
-        "__idem_result",
-    ]
-    .map(|name| Ident::new(name, Span::mixed_site()));
+    let checks = quote! {
+        #machine_ref
+        #check_from
+        #check_to
+        #check_transition
+        const __IDEM_TRANSITION: ::idem::Transition =
+            ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
+    };
+    (checks, quote!(#key_expr, #version_expr))
+}
 
+/// Records the delivery in the inbox named by the handler's parameters; returns early with
+/// what became of the message if it was handled before.
+fn receive(i: &InboxArgs, tx: &Ident, receipt: &Ident, codec: TokenStream) -> TokenStream {
+    let param = |lit: &syn::LitStr| Ident::new(&lit.value(), lit.span());
+    let (inbox, message, payload) = (param(&i.inbox), param(&i.message), param(&i.payload));
+    let inbox = quote_spanned! {i.inbox.span()=>
+        ::idem::__private::AsInbox::as_inbox(&#inbox)
+    };
+    let message = quote_spanned! {i.message.span()=>
+        ::idem::__private::AsMessageKey::as_message_key(&#message)
+    };
+    let payload = quote_spanned! {i.payload.span()=>
+        ::idem::__private::AsRef::<[u8]>::as_ref(&#payload)
+    };
     quote! {
-        #(#attrs)*
-        #[doc = ""]
-        #[doc = #doc]
-        #vis #outer {
-            #machine_ref
-            #codec
-            #check_from
-            #check_to
-            #check_transition
-            const __IDEM_TRANSITION: ::idem::Transition =
-                ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
-            let #key_local = #key_expr;
-            let #version_local = #version_expr;
-            let mut #applying = match ::idem::__private::begin(
-                __IDEM_MACHINE,
-                __IDEM_CODEC,
-                #tx,
-                __IDEM_TRANSITION,
-                #key_local,
-                #version_local,
-            )
-            .await
-            {
-                ::idem::__private::Begun::Apply(applying) => applying,
-                ::idem::__private::Begun::Done(done) => return done,
-            };
-            // The body, as written, in the transition's transaction.
-            let #result = {
-                let #tx: #tx_type = #applying.transaction();
-                ::idem::__private::body::<#output, _>(async move #block).await
-            };
-            #applying.finish(__IDEM_CODEC, #into_result(#result)).await
-        }
+        let mut #receipt = match #inbox.receive_with(#codec, #tx, #message, #payload).await {
+            ::core::result::Result::Ok(::idem::__private::Received::New(receipt)) => receipt,
+            ::core::result::Result::Ok(::idem::__private::Received::Done(done)) => {
+                return ::core::result::Result::Ok(done);
+            }
+            ::core::result::Result::Err(e) => return ::core::result::Result::Err(e),
+        };
     }
 }
 
@@ -140,20 +245,42 @@ fn state_check(state: &syn::LitStr) -> TokenStream {
 }
 
 fn handler_doc(args: &Args, handler: &Handler) -> String {
-    let machine = args
+    let tx = &handler.tx;
+    let inbox = args.inbox.as_ref().map(|i| {
+        format!(
+            "The delivery is recorded in the inbox `{inbox}` under the message key `{message}`, \
+             with the SHA-256 of `{payload}`, in the same transaction: a redelivery is absorbed as \
+             [`Delivery::Duplicate`](::idem::inbox::Delivery::Duplicate) with the first result, \
+             the same key with another payload is a \
+             [`Delivery::Conflict`](::idem::inbox::Delivery::Conflict).",
+            inbox = i.inbox.value(),
+            message = i.message.value(),
+            payload = i.payload.value(),
+        )
+    });
+    let Some(t) = &args.transition else {
+        return format!(
+            "# Idempotent message handler\n\n\
+             Generated by `#[idempotent]`. One transaction (from the pool `{tx}`) records the \
+             delivery and runs this function's body; it commits only if the body succeeds, and \
+             the result reaches the caller only after the commit. {}",
+            inbox.unwrap_or_default()
+        );
+    };
+    let machine = t
         .machine
         .segments
         .iter()
         .map(|s| s.ident.to_string())
         .collect::<Vec<_>>()
         .join("::");
-    let machine = if args.machine.leading_colon.is_some() {
+    let machine = if t.machine.leading_colon.is_some() {
         format!("::{machine}")
     } else {
         machine
     };
-    let (from, to, key) = (args.from.value(), args.to.value(), args.key.value());
-    let guard = match &args.version {
+    let (from, to, key) = (t.from.value(), t.to.value(), t.key.value());
+    let guard = match &t.version {
         Some(v) => format!(
             " and, when `{}` is given, the guard `version = {}`",
             v.value(),
@@ -161,7 +288,7 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         ),
         None => String::new(),
     };
-    format!(
+    let mut doc = format!(
         "# Idempotent transition `{from}` → `{to}`\n\n\
          Generated by `#[idempotent]` for the state machine [`{machine}`]. The row is the one whose key is \
          `{key}`. One transaction (from the pool `{tx}`) runs the conditional UPDATE \
@@ -173,7 +300,14 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
          duplicate, [`Outcome::IllegalState`](::idem::Outcome::IllegalState), \
          [`Outcome::NotFound`](::idem::Outcome::NotFound) or \
          [`Outcome::StaleVersion`](::idem::Outcome::StaleVersion); an error from the body rolls \
-         everything back and comes back as [`Error::Handler`](::idem::Error::Handler).",
-        tx = handler.tx,
-    )
+         everything back and comes back as [`Error::Handler`](::idem::Error::Handler)."
+    );
+    if let Some(inbox) = inbox {
+        doc.push_str(&format!(
+            "\n\n{inbox} `Applied` and `AlreadyDone` are recorded; `IllegalState`, `NotFound` \
+             and `StaleVersion` roll the record back, so a redelivery (say, after the message it \
+             depends on) is evaluated again."
+        ));
+    }
+    doc
 }

@@ -61,6 +61,29 @@ impl fmt::Display for MessageKey {
     }
 }
 
+/// A parameter usable as the `message = "…"` of an `#[idempotent]` message handler.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a message key",
+    label = "`message = \"…\"` names this parameter",
+    note = "give the parameter the type `&idem::inbox::MessageKey` (or `MessageKey`); build it with `MessageKey::business`, `MessageKey::message_id` or `MessageKey::child`"
+)]
+pub trait AsMessageKey {
+    /// The key.
+    fn as_message_key(&self) -> &MessageKey;
+}
+
+impl AsMessageKey for MessageKey {
+    fn as_message_key(&self) -> &MessageKey {
+        self
+    }
+}
+
+impl<T: AsMessageKey + ?Sized> AsMessageKey for &T {
+    fn as_message_key(&self) -> &MessageKey {
+        (**self).as_message_key()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

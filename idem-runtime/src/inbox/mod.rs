@@ -38,11 +38,12 @@ mod sql;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
-pub use key::MessageKey;
+pub use key::{AsMessageKey, MessageKey};
 pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
 
 use crate::backend::{Backend, Dialect, Param, WriterGuard, wait_turn};
 use crate::error::Error;
+use crate::glue::{Codec, codec};
 use crate::key::{Key, KeyError};
 use clock::millis;
 use counters::{Counter, Counters};
@@ -201,8 +202,21 @@ impl Inbox {
     /// Transactional mode: records the delivery in a new transaction, and returns it for
     /// the handler's effects ([`Received::New`]) or tells what became of the message
     /// before ([`Received::Done`], already rolled back).
-    pub async fn receive<DB: Backend, T: DeserializeOwned, E>(
+    pub async fn receive<DB: Backend, T: Serialize + DeserializeOwned, E>(
         &self,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+        payload: &[u8],
+    ) -> Result<Received<DB, T>, Error<E>> {
+        self.receive_with(codec::<Result<T, E>>(), pool, key, payload)
+            .await
+    }
+
+    /// [`receive`](Self::receive) with the result codec given (what `#[idempotent]` calls).
+    #[doc(hidden)]
+    pub async fn receive_with<DB: Backend, T, E>(
+        &self,
+        codec: Codec<T>,
         pool: &Pool<DB>,
         key: &MessageKey,
         payload: &[u8],
@@ -253,7 +267,7 @@ impl Inbox {
             }
             found => {
                 tx.rollback().await?;
-                self.done(key, found).map(Received::Done)
+                self.done(codec, key, found).map(Received::Done)
             }
         }
     }
@@ -286,7 +300,7 @@ impl Inbox {
 
     /// Leased mode: claims the message as PROCESSING for the inbox's lease, in a short
     /// transaction of its own. Do the work, then [`Lease::complete`].
-    pub async fn claim<DB: Backend, T: DeserializeOwned, E>(
+    pub async fn claim<DB: Backend, T: Serialize + DeserializeOwned, E>(
         &self,
         pool: &Pool<DB>,
         key: &MessageKey,
@@ -345,7 +359,8 @@ impl Inbox {
             }
             found => {
                 tx.rollback().await?;
-                self.done(key, found).map(Claimed::Done)
+                self.done(codec::<Result<T, E>>(), key, found)
+                    .map(Claimed::Done)
             }
         }
     }
@@ -465,8 +480,9 @@ impl Inbox {
         ))
     }
 
-    fn done<T: DeserializeOwned, E>(
+    fn done<T, E>(
         &self,
+        codec: Codec<T>,
         key: &MessageKey,
         found: Found,
     ) -> Result<Delivery<T>, Error<E>> {
@@ -478,8 +494,8 @@ impl Inbox {
             Found::Duplicate(stored) => {
                 self.counters.add(Counter::Duplicates, 1);
                 let first_result = match stored {
-                    Some(json) => Some(serde_json::from_str(&json).map_err(Error::Result)?),
-                    None => serde_json::from_str("null").ok(),
+                    Some(json) => Some((codec.decode)(&json).map_err(Error::Result)?),
+                    None => (codec.decode)("null").ok(),
                 };
                 Delivery::Duplicate { first_result }
             }
@@ -516,6 +532,35 @@ impl Inbox {
             key: key.to_string(),
             problem: problem.to_owned(),
         }
+    }
+}
+
+/// A parameter usable as the `inbox = "…"` of an `#[idempotent]` message handler.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an inbox",
+    label = "`inbox = \"…\"` names this parameter",
+    note = "give the parameter the type `&idem::inbox::Inbox` (or `Inbox`, `Arc<Inbox>`), made once per consumer group with `Inbox::new(\"group\")`"
+)]
+pub trait AsInbox {
+    /// The inbox.
+    fn as_inbox(&self) -> &Inbox;
+}
+
+impl AsInbox for Inbox {
+    fn as_inbox(&self) -> &Inbox {
+        self
+    }
+}
+
+impl AsInbox for Arc<Inbox> {
+    fn as_inbox(&self) -> &Inbox {
+        self
+    }
+}
+
+impl<T: AsInbox + ?Sized> AsInbox for &T {
+    fn as_inbox(&self) -> &Inbox {
+        (**self).as_inbox()
     }
 }
 
@@ -561,8 +606,18 @@ impl<DB: Backend> Receipt<DB> {
 
     /// Commits the record with the handler's result and effects, or rolls everything back
     /// if the handler failed (the message stays unprocessed; redeliver it).
-    pub async fn finish<T: Serialize, E>(
+    pub async fn finish<T: Serialize + DeserializeOwned, E>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Delivery<T>, Error<E>> {
+        self.finish_with(codec::<Result<T, E>>(), result).await
+    }
+
+    /// [`finish`](Self::finish) with the result codec given (what `#[idempotent]` calls).
+    #[doc(hidden)]
+    pub async fn finish_with<T, E>(
         mut self,
+        codec: Codec<T>,
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
         let result = match result {
@@ -572,7 +627,7 @@ impl<DB: Backend> Receipt<DB> {
                 return Err(Error::Handler(e));
             }
         };
-        let json = serde_json::to_string(&result).map_err(Error::Result)?;
+        let json = (codec.encode)(&result).map_err(Error::Result)?;
         if json != "null" {
             let params = [
                 Param::Text(&self.inbox.group),
@@ -584,6 +639,30 @@ impl<DB: Backend> Receipt<DB> {
         self.tx.commit().await?;
         self.inbox.counters.add(Counter::Applied, 1);
         Ok(Delivery::Processed(result))
+    }
+}
+
+impl<DB: Backend> Receipt<DB> {
+    /// Ends a delivery whose handler is also a state transition. `Applied` and
+    /// `AlreadyDone` are recorded (a redelivery replays them); `IllegalState`, `NotFound`
+    /// and `StaleVersion` roll the record back and are returned as they are, so a
+    /// redelivery is evaluated again (the usual case: a message that arrived before the
+    /// one it depends on).
+    #[doc(hidden)]
+    pub async fn finish_transition<T, M, E>(
+        self,
+        codec: Codec<crate::Outcome<T, M>>,
+        outcome: crate::Outcome<T, M>,
+    ) -> Result<Delivery<crate::Outcome<T, M>>, Error<E>> {
+        match outcome {
+            crate::Outcome::Applied(_) | crate::Outcome::AlreadyDone { .. } => {
+                self.finish_with(codec, Ok(outcome)).await
+            }
+            refused => {
+                self.tx.rollback().await?;
+                Ok(Delivery::Processed(refused))
+            }
+        }
     }
 }
 

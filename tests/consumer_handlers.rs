@@ -1,0 +1,215 @@
+//! `#[idempotent]` on message handlers: the inbox alone, and the inbox combined with a
+//! state transition, on SQLite and PostgreSQL.
+
+mod common;
+
+use idem::inbox::{Delivery, Inbox, MessageKey};
+use idem::{Outcome, StateMachine};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+pub enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+}
+
+macro_rules! consumer_tests {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        mod $module {
+            use super::*;
+            use sqlx::Transaction;
+
+            /// A consumer: the effect happens once per message key.
+            #[idem::idempotent(inbox = "inbox", message = "key", payload = "payload")]
+            async fn record_payment(
+                tx: &mut Transaction<'_, $db>,
+                inbox: &Inbox,
+                key: &MessageKey,
+                payload: &[u8],
+                order_id: i64,
+            ) -> Result<String, sqlx::Error> {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                    .bind(order_id)
+                    .bind(payload.len() as i64)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(format!("recorded {order_id}"))
+            }
+
+            /// A consumer that is also a transition: the message is recorded only if the
+            /// order moved (or had moved).
+            #[idem::idempotent(
+                                inbox = "inbox", message = "key", payload = "payload",
+                                machine = Order, key = "order_id", from = "PAID", to = "SHIPPED"
+                            )]
+            async fn ship(
+                tx: &mut Transaction<'_, $db>,
+                inbox: &Inbox,
+                key: MessageKey,
+                payload: Vec<u8>,
+                order_id: i64,
+            ) -> Result<i64, sqlx::Error> {
+                let _ = payload;
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)")
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(order_id * 10)
+            }
+
+            async fn setup() -> Option<$pool> {
+                let pool: $pool = $setup?;
+                idem::migrate(&pool).await.unwrap();
+                sqlx::query(
+                    "INSERT INTO orders (order_id, status) VALUES (1, 'CREATED'), (2, 'PAID')",
+                )
+                .execute(&pool)
+                .await
+                .unwrap();
+                Some(pool)
+            }
+
+            async fn effects(pool: &$pool, kind: &str) -> i64 {
+                sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE kind = $1")
+                    .bind(kind)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+
+            #[tokio::test]
+            async fn a_consumer_applies_each_message_once() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("payments").unwrap();
+                let key = MessageKey::business("order:1", "paid").unwrap();
+                let first = record_payment(&pool, &inbox, &key, b"{\"amount\":5}", 1)
+                    .await
+                    .unwrap();
+                assert_eq!(first, Delivery::Processed("recorded 1".to_owned()));
+                let again = record_payment(&pool, &inbox, &key, b"{\"amount\":5}", 1)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    again,
+                    Delivery::Duplicate {
+                        first_result: Some("recorded 1".to_owned())
+                    }
+                );
+                let other = record_payment(&pool, &inbox, &key, b"{\"amount\":6}", 1)
+                    .await
+                    .unwrap();
+                assert_eq!(other, Delivery::Conflict);
+                assert_eq!(effects(&pool, "pay").await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_consumer_transition_records_only_what_moved() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("shipping").unwrap();
+                // Order 1 is not paid yet: the ship message is refused and not recorded...
+                let early = MessageKey::business("order:1", "ship").unwrap();
+                assert_eq!(
+                    ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
+                        .await
+                        .unwrap(),
+                    Delivery::Processed(Outcome::IllegalState {
+                        current: Order::Created,
+                        from: Order::Paid,
+                        to: Order::Shipped
+                    })
+                );
+                // ...so once the payment arrives, its redelivery applies.
+                sqlx::query("UPDATE orders SET status = 'PAID' WHERE order_id = 1")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
+                        .await
+                        .unwrap(),
+                    Delivery::Processed(Outcome::Applied(10))
+                );
+                // A redelivery now replays the recorded outcome.
+                assert_eq!(
+                    ship(&pool, &inbox, early, b"s1".to_vec(), 1).await.unwrap(),
+                    Delivery::Duplicate {
+                        first_result: Some(Outcome::Applied(10))
+                    }
+                );
+                // Another message for an order already shipped is a duplicate transition: recorded.
+                let second = MessageKey::business("order:1", "ship-again").unwrap();
+                assert_eq!(
+                    ship(&pool, &inbox, second.clone(), b"s2".to_vec(), 1)
+                        .await
+                        .unwrap(),
+                    Delivery::Processed(Outcome::AlreadyDone {
+                        current: Order::Shipped,
+                        first_result: Some(10)
+                    })
+                );
+                assert!(matches!(
+                    ship(&pool, &inbox, second, b"s2".to_vec(), 1)
+                        .await
+                        .unwrap(),
+                    Delivery::Duplicate {
+                        first_result: Some(Outcome::AlreadyDone { .. })
+                    }
+                ));
+                assert_eq!(effects(&pool, "ship").await, 1);
+            }
+
+            #[tokio::test]
+            async fn concurrent_redeliveries_of_a_consumer_transition_apply_once() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("shipping").unwrap();
+                let key = MessageKey::business("order:2", "ship").unwrap();
+                let mut tasks = Vec::new();
+                for _ in 0..8 {
+                    let (pool, inbox, key) = (pool.clone(), inbox.clone(), key.clone());
+                    tasks.push(tokio::spawn(async move {
+                        ship(&pool, &inbox, key, b"s".to_vec(), 2).await.unwrap()
+                    }));
+                }
+                let mut processed = 0;
+                for task in tasks {
+                    match task.await.unwrap() {
+                        Delivery::Processed(Outcome::Applied(20)) => processed += 1,
+                        Delivery::Duplicate {
+                            first_result: Some(Outcome::Applied(20)),
+                        } => {}
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                assert_eq!(processed, 1);
+                assert_eq!(effects(&pool, "ship").await, 1);
+            }
+        }
+    };
+}
+
+consumer_tests!(
+    sqlite_file,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    Some(common::sqlite_file(&format!("consumers-{}", next_id()), 8).await)
+);
+consumer_tests!(
+    postgres,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres(&format!("consumers_{}", next_id()), 8).await
+);
+
+fn next_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
