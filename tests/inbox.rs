@@ -205,6 +205,26 @@ macro_rules! inbox_tests {
             }
 
             #[tokio::test]
+            async fn the_sweeper_purges_periodically() {
+                let Some(pool) = setup().await else { return };
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = Inbox::new("billing").unwrap().clock(clock.clone());
+                for i in 0..30 {
+                    assert!(deliver(&inbox, &pool, &key(&format!("m{i}")), i, 1).await.unwrap().is_processed());
+                }
+                let sweeper = inbox.spawn_sweeper(pool.clone(), 24 * HOUR, Duration::from_millis(20), 7);
+                clock.advance(25 * HOUR);
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while inbox.counters().purged < 30 {
+                    assert!(tokio::time::Instant::now() < deadline, "the sweeper did not purge");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                sweeper.abort();
+                let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox").fetch_one(&pool).await.unwrap();
+                assert_eq!(left, 0);
+            }
+
+            #[tokio::test]
             async fn leases_are_exclusive_expire_and_are_taken_over() {
                 let Some(pool) = setup().await else { return };
                 let clock = ManualClock::new(1_700_000_000_000);
