@@ -35,7 +35,7 @@ macro_rules! inbox_tests {
                 amount: i64,
             ) -> Result<Delivery<i64>, Error<sqlx::Error>> {
                 let payload = format!("{{\"order\":{order_id},\"amount\":{amount}}}");
-                match inbox.receive(pool, key, payload.as_bytes()).await? {
+                match inbox.receive(pool, key, payload.as_bytes()).await.map_err(Error::widen)? {
                     Received::New(mut receipt) => {
                         let result = sqlx::query(
                             "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)",
@@ -93,7 +93,7 @@ macro_rules! inbox_tests {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("billing").unwrap();
                 let k = key("order:3:paid");
-                let failed = match inbox.receive::<_, i64, &str>(&pool, &k, b"m").await.unwrap() {
+                let failed = match inbox.receive::<_, i64>(&pool, &k, b"m").await.unwrap() {
                     Received::New(mut receipt) => {
                         sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (3, 'pay', 1)")
                             .execute(&mut **receipt.transaction())
@@ -194,7 +194,7 @@ macro_rules! inbox_tests {
                         .join(", "),
                 );
                 sqlx::query(&insert).execute(&pool).await.unwrap();
-                let Claimed::Work(_lease) = inbox.claim::<_, (), ()>(&pool, &key("live"), b"x").await.unwrap() else {
+                let Claimed::Work(_lease) = inbox.claim::<_, ()>(&pool, &key("live"), b"x").await.unwrap() else {
                     panic!("first claim")
                 };
                 clock.advance(30 * HOUR);
@@ -230,18 +230,18 @@ macro_rules! inbox_tests {
                 let clock = ManualClock::new(1_700_000_000_000);
                 let inbox = Inbox::new("mailer").unwrap().clock(clock.clone()).lease(Duration::from_secs(30));
                 let k = key("welcome:7");
-                let Claimed::Work(first) = inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap() else {
+                let Claimed::Work(first) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
                     panic!("first claim")
                 };
                 assert_eq!(first.attempt(), 1);
                 // While the lease lives, a redelivery is told to come back later.
                 assert!(matches!(
-                    inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap(),
+                    inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap(),
                     Claimed::Done(Delivery::InProgress { lease_until_millis: Some(_) })
                 ));
                 // The first worker hangs past its lease; a redelivery takes over.
                 clock.advance(Duration::from_secs(31));
-                let Claimed::Work(second) = inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap() else {
+                let Claimed::Work(second) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
                     panic!("takeover")
                 };
                 assert_eq!(second.attempt(), 2);
@@ -255,7 +255,7 @@ macro_rules! inbox_tests {
                     Delivery::Processed("sent by 2".to_owned())
                 );
                 assert_eq!(
-                    inbox.claim::<_, String, String>(&pool, &k, b"hi").await.unwrap().done(),
+                    inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap().done(),
                     Some(Delivery::Duplicate { first_result: Some("sent by 2".to_owned()) })
                 );
                 let c = inbox.counters();
@@ -268,7 +268,7 @@ macro_rules! inbox_tests {
                 let inbox = Inbox::new("mailer").unwrap().max_attempts(3);
                 let k = key("welcome:8");
                 for attempt in 1..=3 {
-                    let Claimed::Work(lease) = inbox.claim::<_, (), String>(&pool, &k, b"hi").await.unwrap() else {
+                    let Claimed::Work(lease) = inbox.claim::<_, ()>(&pool, &k, b"hi").await.unwrap() else {
                         panic!("attempt {attempt}")
                     };
                     assert_eq!(lease.attempt(), attempt);
@@ -276,7 +276,7 @@ macro_rules! inbox_tests {
                     assert!(matches!(failed, Err(Error::Handler(_))));
                 }
                 assert_eq!(
-                    inbox.claim::<_, (), String>(&pool, &k, b"hi").await.unwrap().done(),
+                    inbox.claim::<_, ()>(&pool, &k, b"hi").await.unwrap().done(),
                     Some(Delivery::Dead { attempts: 3, last_error: Some("smtp down 3".into()) })
                 );
                 assert_eq!(inbox.counters().dead, 1);
@@ -289,14 +289,14 @@ macro_rules! inbox_tests {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("billing").unwrap().lock_timeout(Duration::from_millis(200));
                 let k = key("order:9:paid");
-                let Received::New(receipt) = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap() else {
+                let Received::New(receipt) = inbox.receive::<_, ()>(&pool, &k, b"m").await.unwrap() else {
                     panic!("first delivery")
                 };
                 // The first delivery is still in its transaction: the second waits, then gives up.
-                let second = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap();
+                let second = inbox.receive::<_, ()>(&pool, &k, b"m").await.unwrap();
                 assert!(matches!(second, Received::Done(Delivery::InProgress { .. })), "{second:?}");
                 assert_eq!(receipt.finish(Ok::<(), ()>(())).await.unwrap(), Delivery::Processed(()));
-                let third = inbox.receive::<_, (), ()>(&pool, &k, b"m").await.unwrap();
+                let third = inbox.receive::<_, ()>(&pool, &k, b"m").await.unwrap();
                 assert!(matches!(third, Received::Done(Delivery::Duplicate { .. })), "{third:?}");
                 assert_eq!(inbox.counters().in_progress, 1);
             }

@@ -117,6 +117,14 @@ impl<E> Error<E> {
     }
 }
 
+impl Error<core::convert::Infallible> {
+    /// The same error, typed for any handler error (it carries none): what the inbox's
+    /// `receive` and `claim` return, widened to a handler's `Error<E>`.
+    pub fn widen<E>(self) -> Error<E> {
+        self.map_handler(|never| match never {})
+    }
+}
+
 impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {

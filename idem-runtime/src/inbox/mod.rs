@@ -52,6 +52,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +72,8 @@ pub enum Delivery<T> {
     /// The key was recorded with a different payload: the first effect stays, this
     /// delivery was not applied. A producer bug; alert.
     Conflict,
-    /// Another delivery of the message is being processed. Nack with a delay.
+    /// Another delivery of the message is being processed (or, on SQLite with a lock
+    /// timeout, the database's writer stayed busy past it). Nack with a delay.
     InProgress {
         /// When the other delivery's lease ends (milliseconds since the epoch), if leased.
         lease_until_millis: Option<i64>,
@@ -109,7 +111,7 @@ impl<T> Delivery<T> {
 /// let key = MessageKey::business("order:42", "paid").expect("a valid key");
 /// let payload = br#"{"order_id":42,"amount":1000}"#;
 ///
-/// let delivery: Delivery<i64> = match inbox.receive(&pool, &key, payload).await? {
+/// let delivery: Delivery<i64> = match inbox.receive(&pool, &key, payload).await.map_err(idem::Error::widen)? {
 ///     Received::New(mut receipt) => {
 ///         // The effect, in the same transaction as the inbox record.
 ///         let result = sqlx::query("INSERT INTO payments (order_id, amount) VALUES (42, 1000)")
@@ -177,7 +179,14 @@ impl Inbox {
 
     /// How long a delivery waits for a concurrent delivery of the same message (or, on
     /// SQLite, for the database's writer) before it gives up with
-    /// [`Delivery::InProgress`]. Without it, it waits as long as the other takes.
+    /// [`Delivery::InProgress`]. Without it, it waits as long as the other takes, holding a
+    /// pooled connection meanwhile.
+    ///
+    /// With a broker that redelivers after an ack deadline (JetStream's ack wait, SQS's
+    /// visibility timeout), set it below that deadline: each redelivery of a slow message
+    /// then gives up and is nacked with a delay instead of piling up on the pool. On
+    /// PostgreSQL it applies to the inbox's own statements only; the handler's statements
+    /// run with the session's setting.
     pub fn lock_timeout(mut self, timeout: Duration) -> Inbox {
         self.lock_timeout = Some(timeout);
         self
@@ -202,13 +211,17 @@ impl Inbox {
     /// Transactional mode: records the delivery in a new transaction, and returns it for
     /// the handler's effects ([`Received::New`]) or tells what became of the message
     /// before ([`Received::Done`], already rolled back).
-    pub async fn receive<DB: Backend, T: Serialize + DeserializeOwned, E>(
+    ///
+    /// It fails only with database or record errors, never a handler's: hence
+    /// `Error<Infallible>`, which converts into any `Error<E>` with [`Error::widen`] and
+    /// into `Box<dyn std::error::Error>` with `?`.
+    pub async fn receive<DB: Backend, T: Serialize + DeserializeOwned>(
         &self,
         pool: &Pool<DB>,
         key: &MessageKey,
         payload: &[u8],
-    ) -> Result<Received<DB, T>, Error<E>> {
-        self.receive_with(codec::<Result<T, E>>(), pool, key, payload)
+    ) -> Result<Received<DB, T>, Error<Infallible>> {
+        self.receive_with(codec::<Result<T, Infallible>>(), pool, key, payload)
             .await
     }
 
@@ -247,6 +260,7 @@ impl Inbox {
             key: key.clone(),
         };
         if inserted == 1 {
+            self.end_lock_timeout(&mut tx).await?;
             return Ok(Received::New(receipt(tx)));
         }
         match self.found(&mut tx, key, &fingerprint).await? {
@@ -263,6 +277,7 @@ impl Inbox {
                 if takeover {
                     self.counters.add(Counter::Takeovers, 1);
                 }
+                self.end_lock_timeout(&mut tx).await?;
                 Ok(Received::New(receipt(tx)))
             }
             found => {
@@ -289,7 +304,11 @@ impl Inbox {
         T: Serialize + DeserializeOwned,
         F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
     {
-        match self.receive(pool, key, payload).await? {
+        match self
+            .receive(pool, key, payload)
+            .await
+            .map_err(Error::widen)?
+        {
             Received::New(mut receipt) => {
                 let result = handler(receipt.transaction()).await;
                 receipt.finish(result).await
@@ -300,12 +319,14 @@ impl Inbox {
 
     /// Leased mode: claims the message as PROCESSING for the inbox's lease, in a short
     /// transaction of its own. Do the work, then [`Lease::complete`].
-    pub async fn claim<DB: Backend, T: Serialize + DeserializeOwned, E>(
+    ///
+    /// Fails only with database or record errors (see [`receive`](Self::receive)).
+    pub async fn claim<DB: Backend, T: Serialize + DeserializeOwned>(
         &self,
         pool: &Pool<DB>,
         key: &MessageKey,
         payload: &[u8],
-    ) -> Result<Claimed<T>, Error<E>> {
+    ) -> Result<Claimed<T>, Error<Infallible>> {
         let fingerprint = fingerprint(payload);
         let Some((mut tx, _writer)) = self.begin(pool).await? else {
             return Ok(Claimed::Done(self.in_progress(None)));
@@ -359,7 +380,7 @@ impl Inbox {
             }
             found => {
                 tx.rollback().await?;
-                self.done(codec::<Result<T, E>>(), key, found)
+                self.done(codec::<Result<T, Infallible>>(), key, found)
                     .map(Claimed::Done)
             }
         }
@@ -447,6 +468,18 @@ impl Inbox {
             DB::execute(&mut tx, &set, &[]).await?;
         }
         Ok(Some((tx, writer)))
+    }
+
+    /// The lock timeout is for waiting on another delivery of the message, not for the
+    /// handler's own statements: back to the session's setting once the record is held.
+    async fn end_lock_timeout<DB: Backend>(
+        &self,
+        tx: &mut Transaction<'static, DB>,
+    ) -> Result<(), sqlx::Error> {
+        if self.lock_timeout.is_some() && DB::dialect(tx) == Dialect::Postgres {
+            DB::execute(tx, "SET LOCAL lock_timeout = DEFAULT", &[]).await?;
+        }
+        Ok(())
     }
 
     async fn found<DB: Backend, E>(

@@ -1,0 +1,523 @@
+//! The inbox against a real RabbitMQ: a consumer process killed (SIGKILL) after its commit
+//! and before its ack, or before its commit, and producer retries to concurrent consumers.
+//! Each message's effect happens exactly once, and every message ends acked.
+//!
+//! Runs when `IDEM_TEST_AMQP_URL` is set (see `common/brokers.rs`); each test declares its
+//! own queue and deletes it afterwards.
+//!
+//! The consumer process of the crash tests is this test binary itself, running only its
+//! ignored test [`consumer_process`]: no extra binary target, nothing for `cargo install`.
+
+#[path = "common/brokers.rs"]
+mod brokers;
+mod common;
+
+use brokers::{Db, Pause, amqp_url, cleanup_after, outcome_name, unique};
+use futures_util::StreamExt;
+use idem::inbox::{Delivery, Inbox, MessageKey};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+async fn connect(url: &str) -> Connection {
+    Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to IDEM_TEST_AMQP_URL={url}: {e}"))
+}
+
+/// A fresh queue `name` (not exclusive: consumers in other processes use it), expiring on
+/// its own if a killed test run leaves it behind.
+async fn declare(channel: &Channel, name: &str) {
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+    channel
+        .queue_declare(name.into(), QueueDeclareOptions::default(), arguments)
+        .await
+        .unwrap();
+}
+
+/// (ready, consumers) of a queue: messages waiting for delivery, neither delivered nor
+/// acked, and consumers attached.
+async fn queue_state(channel: &Channel, name: &str) -> (u32, u32) {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let queue = channel
+        .queue_declare(name.into(), options, FieldTable::default())
+        .await
+        .unwrap();
+    (queue.message_count(), queue.consumer_count())
+}
+
+/// Polls [`queue_state`] until it is `expected`, for at most 10 s.
+async fn queue_state_becomes(channel: &Channel, name: &str, expected: (u32, u32)) -> (u32, u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = queue_state(channel, name).await;
+        if state == expected || Instant::now() > deadline {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn delete_queue(channel: &Channel, name: &str) {
+    if let Err(e) = channel
+        .queue_delete(name.into(), QueueDeleteOptions::default())
+        .await
+    {
+        eprintln!("could not delete queue {name}: {e}");
+    }
+}
+
+/// Publishes a persistent message with the producer's message id, and waits for the
+/// broker's confirm.
+async fn publish(channel: &Channel, queue: &str, key: &str, payload: &[u8]) {
+    let properties = BasicProperties::default()
+        .with_message_id(key.into())
+        .with_delivery_mode(2);
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            payload,
+            properties,
+        )
+        .await
+        .unwrap();
+    assert!(confirm.await.unwrap().is_ack());
+}
+
+/// The delivery's message key (the producer's message id) and order.
+fn key_and_order(delivery: &lapin::message::Delivery) -> (MessageKey, i64) {
+    let id = delivery
+        .properties
+        .message_id()
+        .clone()
+        .expect("a message id");
+    let payload: serde_json::Value = serde_json::from_slice(&delivery.data).unwrap();
+    let order = payload["order"].as_i64().expect("an order");
+    (MessageKey::message_id(id.as_str()).unwrap(), order)
+}
+
+/// Acks only once the outcome is committed. RabbitMQ has no delayed nack: a delivery turned
+/// away while another one works on the message waits, then goes back to the queue.
+async fn settle(delivery: &lapin::message::Delivery, outcome: &Delivery<i64>) {
+    if outcome.should_ack() {
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    } else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        delivery.nack(requeue).await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The consumer process, killed at a crash point.
+
+/// The consumer process of the crash tests (they run this test binary with
+/// `--ignored --exact consumer_process`). It consumes `IDEM_CHILD_QUEUE` through the inbox
+/// into the database `IDEM_CHILD_DB` and prints what it does on stdout, one
+/// `idem-child: …` line per step. With `IDEM_CRASH_POINT=before_commit` it stops inside the
+/// first delivery's transaction, effect written and not committed; with `after_commit` it
+/// stops after the commit, before the ack. At the crash point it prints
+/// `idem-child: crash-point <point>` and waits for its SIGKILL. Without a crash point it
+/// exits after settling `IDEM_CHILD_MESSAGES` deliveries.
+#[test]
+#[ignore = "the consumer process of the crash tests, which run it as a child"]
+fn consumer_process() {
+    let Ok(queue) = std::env::var("IDEM_CHILD_QUEUE") else {
+        eprintln!("consumer_process runs only as the child of a crash test");
+        return;
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(consume(queue));
+}
+
+async fn consume(queue: String) {
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let url = amqp_url().expect("the parent test ran on RabbitMQ");
+    let db = Db::connect(&var("IDEM_CHILD_DB")).await;
+    let crash = std::env::var("IDEM_CRASH_POINT").ok();
+    let expected: usize = var("IDEM_CHILD_MESSAGES").parse().unwrap();
+    let connection = connect(&url).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "idem-child".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let inbox = Inbox::new("rabbit-crash").unwrap();
+    let mut settled = 0;
+    while settled < expected {
+        let delivery = deliveries
+            .next()
+            .await
+            .expect("consumer cancelled")
+            .unwrap();
+        let (key, order) = key_and_order(&delivery);
+        let redelivered = delivery.redelivered;
+        println!("idem-child: delivered key={key} redelivered={redelivered}");
+        let pause = match crash.as_deref() {
+            Some("before_commit") => Pause::Forever("before_commit"),
+            _ => Pause::None,
+        };
+        let outcome = db
+            .deliver(&inbox, &key, &delivery.data, order, pause)
+            .await
+            .unwrap();
+        if crash.as_deref() == Some("after_commit") {
+            println!("idem-child: crash-point after_commit");
+            std::future::pending::<()>().await;
+        }
+        println!(
+            "idem-child: outcome key={key} redelivered={redelivered} {}",
+            outcome_name(&outcome)
+        );
+        settle(&delivery, &outcome).await;
+        settled += usize::from(outcome.should_ack());
+    }
+    channel.close(200, "done".into()).await.unwrap();
+    connection.close(200, "done".into()).await.unwrap();
+    println!("idem-child: done");
+}
+
+/// A running consumer process, killed when dropped (a failed test leaves none behind).
+struct ConsumerProcess {
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl ConsumerProcess {
+    fn spawn(queue: &str, db: &Db, crash_point: Option<&str>, messages: usize) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["consumer_process", "--exact", "--ignored", "--nocapture"])
+            .args(["--test-threads=1", "-q"])
+            .env("IDEM_CHILD_QUEUE", queue)
+            .env("IDEM_CHILD_DB", db.spec())
+            .env("IDEM_CHILD_MESSAGES", messages.to_string())
+            .env_remove("IDEM_CRASH_POINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if let Some(point) = crash_point {
+            command.env("IDEM_CRASH_POINT", point);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(step) = line.strip_prefix("idem-child: ") {
+                    eprintln!("child {line}");
+                    if sender.send(step.to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        ConsumerProcess { child, lines }
+    }
+
+    /// The next step the child prints; it must start with `prefix`.
+    async fn step(&mut self, prefix: &str) -> String {
+        let step = tokio::time::timeout(Duration::from_secs(20), self.lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the consumer printed no `{prefix}` within 20 s"))
+            .unwrap_or_else(|| panic!("the consumer exited before `{prefix}`"));
+        assert!(
+            step.starts_with(prefix),
+            "expected `{prefix}…`, got `{step}`"
+        );
+        step
+    }
+
+    /// SIGKILL: no destructor, no rollback, no close; the OS drops its sockets.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(!status.success(), "{status}");
+    }
+
+    async fn exits_successfully(mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "the consumer failed: {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the consumer did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ConsumerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One message; a consumer process killed at `crash_point`; a new consumer process.
+///
+/// The restarted consumer sees the message with `redelivered = true`: RabbitMQ handed it to
+/// a consumer twice. After a crash past the commit, a consumer without the inbox would
+/// write the effect a second time; here the inbox record committed with the effect, so the
+/// redelivery is absorbed as a duplicate. After a crash before the commit, effect and
+/// record were rolled back together, so the redelivery applies it, once; a dedup record
+/// kept apart from the effect (committed first, or in another store) would have survived
+/// the kill and turned the redelivery into a duplicate with no effect at all, which the
+/// checks at the crash point and at the end would catch.
+async fn killed_consumer(db: Db, crash_point: &'static str) {
+    let Some(url) = amqp_url() else { return };
+    let connection = connect(&url).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let queue = unique(&format!("idem-crash-{crash_point}"));
+    declare(&channel, &queue).await;
+    let (queue_, channel_) = (queue.clone(), channel.clone());
+    let body = async move {
+        let (queue, channel) = (queue_, channel_);
+        publish(&channel, &queue, "order-7-paid", br#"{"order":7}"#).await;
+
+        let mut first = ConsumerProcess::spawn(&queue, &db, Some(crash_point), 1);
+        assert_eq!(
+            first.step("delivered").await,
+            "delivered key=order-7-paid redelivered=false"
+        );
+        first.step(&format!("crash-point {crash_point}")).await;
+        // At the crash point: delivered, not acked (neither ready nor gone)…
+        assert_eq!(queue_state(&channel, &queue).await, (0, 1));
+        // …and the effect committed with its record, or neither.
+        let committed = i64::from(crash_point == "after_commit");
+        assert_eq!(db.effects().await, committed);
+        assert_eq!(db.records().await, committed);
+        first.kill();
+        // The broker saw the connection die and requeued the unacked message.
+        assert_eq!(queue_state_becomes(&channel, &queue, (1, 0)).await, (1, 0));
+        assert_eq!(db.effects().await, committed, "the kill changed nothing");
+
+        let mut second = ConsumerProcess::spawn(&queue, &db, None, 1);
+        assert_eq!(
+            second.step("delivered").await,
+            "delivered key=order-7-paid redelivered=true"
+        );
+        let expected = match crash_point {
+            "after_commit" => "outcome key=order-7-paid redelivered=true duplicate",
+            _ => "outcome key=order-7-paid redelivered=true processed",
+        };
+        assert_eq!(second.step("outcome").await, expected);
+        second.step("done").await;
+        second.exits_successfully().await;
+
+        assert_eq!(db.effects().await, 1, "exactly one effect");
+        assert_eq!(db.records().await, 1);
+        // Acked: the consumer is gone and nothing came back to the queue.
+        assert_eq!(queue_state(&channel, &queue).await, (0, 0));
+    };
+    cleanup_after(body, async || delete_queue(&channel, &queue).await).await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_postgres() {
+    let Some(db) = Db::postgres("rabbit_after_commit", 2).await else {
+        return;
+    };
+    killed_consumer(db, "after_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_sqlite() {
+    let db = Db::sqlite("rabbit_after_commit", 2).await;
+    killed_consumer(db, "after_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_commit_the_redelivery_applies_once_postgres() {
+    let Some(db) = Db::postgres("rabbit_before_commit", 2).await else {
+        return;
+    };
+    killed_consumer(db, "before_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_commit_the_redelivery_applies_once_sqlite() {
+    let db = Db::sqlite("rabbit_before_commit", 2).await;
+    killed_consumer(db, "before_commit").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 1,000 messages, each published one to three times, to four consumers.
+
+const MESSAGES: i64 = 1000;
+const CONSUMERS: usize = 4;
+
+/// A producer that retried: each of 1,000 messages published one to three times with the
+/// same message id and content, shuffled: about 2,000 deliveries, so about 2,000 effects
+/// without the inbox. Four consumers, each on its own channel, take them concurrently.
+async fn retried_messages_to_four_consumers(db: Db, name: &str) {
+    let Some(url) = amqp_url() else { return };
+    let connection = connect(&url).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let queue = unique(name);
+    declare(&channel, &queue).await;
+    let mut channels = Vec::new();
+    for _ in 0..CONSUMERS {
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .basic_qos(20, BasicQosOptions::default())
+            .await
+            .unwrap();
+        channels.push(channel);
+    }
+    let (queue_, channel_) = (queue.clone(), channel.clone());
+    let body = async move {
+        let (queue, channel) = (queue_, channel_);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let mut copies: Vec<i64> = (0..MESSAGES)
+            .flat_map(|m| std::iter::repeat_n(m, rng.random_range(1..=3)))
+            .collect();
+        copies.shuffle(&mut rng);
+        let published = copies.len();
+        let mut confirms = Vec::with_capacity(published);
+        for m in copies {
+            let properties = BasicProperties::default()
+                .with_message_id(format!("order-{m}-paid").into())
+                .with_delivery_mode(2);
+            let payload = format!(r#"{{"order":{m}}}"#);
+            let confirm = channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    payload.as_bytes(),
+                    properties,
+                )
+                .await
+                .unwrap();
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            assert!(confirm.await.unwrap().is_ack());
+        }
+        assert_eq!(
+            queue_state(&channel, &queue).await,
+            (published as u32, 0),
+            "every copy queued"
+        );
+
+        let inbox = Inbox::new("rabbit-workers").unwrap();
+        let settled = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut consumers = JoinSet::new();
+        for (n, consumer_channel) in channels.into_iter().enumerate() {
+            let (db, inbox, settled) = (db.clone(), inbox.clone(), settled.clone());
+            let queue = queue.clone();
+            consumers.spawn(async move {
+                let mut deliveries = consumer_channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        format!("worker-{n}").into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let (mut mine, mut processed) = (0, 0);
+                while settled.load(Ordering::SeqCst) < published {
+                    assert!(started.elapsed() < Duration::from_secs(40), "no end");
+                    let next = tokio::time::timeout(Duration::from_millis(200), deliveries.next());
+                    let Ok(Some(delivery)) = next.await else {
+                        continue;
+                    };
+                    let delivery = delivery.unwrap();
+                    let (key, order) = key_and_order(&delivery);
+                    let outcome = db
+                        .deliver(&inbox, &key, &delivery.data, order, Pause::None)
+                        .await
+                        .unwrap();
+                    settle(&delivery, &outcome).await;
+                    settled.fetch_add(usize::from(outcome.should_ack()), Ordering::SeqCst);
+                    mine += 1;
+                    processed += usize::from(outcome.is_processed());
+                }
+                // Closing the channel would requeue anything unacked.
+                consumer_channel.close(200, "done".into()).await.unwrap();
+                (mine, processed)
+            });
+        }
+        let (mut per_consumer, mut processed) = (Vec::new(), 0);
+        while let Some(done) = consumers.join_next().await {
+            let (mine, applied) = done.unwrap();
+            per_consumer.push(mine);
+            processed += applied;
+        }
+        eprintln!(
+            "{published} deliveries of {MESSAGES} messages in {:?}, per consumer {per_consumer:?}",
+            started.elapsed()
+        );
+        assert!(per_consumer.iter().all(|&n| n > 0), "{per_consumer:?}");
+        assert_eq!(processed, MESSAGES as usize);
+        assert_eq!(db.effects().await, MESSAGES, "exactly 1,000 effects");
+        assert_eq!(db.distinct_effects().await, MESSAGES);
+        let c = inbox.counters();
+        assert_eq!(c.applied, MESSAGES as u64);
+        assert_eq!(c.duplicates, (published as i64 - MESSAGES) as u64);
+        // Every message acked: the consumers' channels are closed and nothing came back.
+        assert_eq!(queue_state(&channel, &queue).await, (0, 0));
+    };
+    cleanup_after(body, async || delete_queue(&channel, &queue).await).await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_to_four_consumers_postgres() {
+    let Some(db) = Db::postgres("rabbit_workers", 8).await else {
+        return;
+    };
+    retried_messages_to_four_consumers(db, "idem-workers-pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_to_four_consumers_sqlite() {
+    let db = Db::sqlite("rabbit_workers", 4).await;
+    retried_messages_to_four_consumers(db, "idem-workers-sqlite").await;
+}
