@@ -16,8 +16,6 @@ use async_nats::jetstream::{self, Context, stream};
 use brokers::{Db, Pause, cleanup_after, nats_url, outcome_name, unique};
 use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -287,11 +285,7 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
     let subject = format!("{stream_name}.payments");
     let stream_name_ = stream_name.clone();
     let body = async move {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let mut copies: Vec<i64> = (0..MESSAGES)
-            .flat_map(|m| std::iter::repeat_n(m, rng.random_range(1..=3)))
-            .collect();
-        copies.shuffle(&mut rng);
+        let copies = brokers::retried_copies(MESSAGES, 11);
         let published = copies.len();
         let mut acks = Vec::with_capacity(published);
         for m in copies {

@@ -21,8 +21,6 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -411,11 +409,7 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
     let (queue_, channel_) = (queue.clone(), channel.clone());
     let body = async move {
         let (queue, channel) = (queue_, channel_);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
-        let mut copies: Vec<i64> = (0..MESSAGES)
-            .flat_map(|m| std::iter::repeat_n(m, rng.random_range(1..=3)))
-            .collect();
-        copies.shuffle(&mut rng);
+        let copies = brokers::retried_copies(MESSAGES, 13);
         let published = copies.len();
         let mut confirms = Vec::with_capacity(published);
         for m in copies {

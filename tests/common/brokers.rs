@@ -232,3 +232,16 @@ pub fn outcome_name<T>(delivery: &Delivery<T>) -> &'static str {
         Delivery::Dead { .. } => "dead",
     }
 }
+
+/// What a producer that retried sends: each of `messages` messages one to three times,
+/// shuffled (seeded, so a failure reproduces).
+pub fn retried_copies(messages: i64, seed: u64) -> Vec<i64> {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut copies: Vec<i64> = (0..messages)
+        .flat_map(|m| std::iter::repeat_n(m, rng.random_range(1..=3)))
+        .collect();
+    copies.shuffle(&mut rng);
+    copies
+}
