@@ -141,3 +141,19 @@ race!(
     sqlx::PgPool,
     common::postgres("concurrency", TASKS as u32).await
 );
+
+// Under REPEATABLE READ the loser of a race does not wait and match nothing: its UPDATE
+// fails with a serialization failure (40001). idem retries it (the body has not run), and
+// the retry sees the winner's commit: a duplicate, never an error, never two applications.
+race!(
+    postgres_repeatable_read_32_connections,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres_with(
+        "concurrency_rr",
+        TASKS as u32,
+        // The backslash keeps the space inside the startup packet's `-c` option.
+        &[("default_transaction_isolation", "repeatable\\ read")]
+    )
+    .await
+);

@@ -1,12 +1,13 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, wait_turn};
+use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, is_conflict, wait_turn};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
 use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
 use crate::machine::Machine;
 use crate::outcome::Outcome;
+use crate::retry::Backoff;
 use crate::transition::Transition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -106,22 +107,49 @@ async fn try_begin<M, DB: Backend, T, E>(
     expected_version: Option<i64>,
 ) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>> {
     let key = key.0.map_err(Error::InvalidKey)?;
-    let writer = match DB::writer_queue(pool) {
-        Some(database) => Some(wait_turn(database).await),
-        None => None,
-    };
-    let mut tx = DB::begin_pool(pool).await?;
-    match attempt_in::<M, DB, T, E>(&mut tx, machine, codec, transition, key, expected_version)
-        .await?
-    {
-        Step::Moved(moved) => Ok(Ok(Applying {
-            tx,
-            _writer: writer,
-            moved,
-        })),
-        Step::Done(outcome) => {
-            tx.rollback().await?;
-            Ok(Err(outcome))
+    let mut backoff = Backoff::default();
+    loop {
+        let writer = match DB::writer_queue(pool) {
+            Some(database) => Some(wait_turn(database).await),
+            None => None,
+        };
+        let attempt = async {
+            let mut tx = DB::begin_pool(pool).await?;
+            let step = attempt_in::<M, DB, T, E>(
+                &mut tx,
+                machine,
+                codec,
+                transition,
+                key.clone(),
+                expected_version,
+            )
+            .await?;
+            Ok::<_, Error<E>>((tx, step))
+        };
+        match attempt.await {
+            Ok((tx, Step::Moved(moved))) => {
+                return Ok(Ok(Applying {
+                    tx,
+                    _writer: writer,
+                    moved,
+                }));
+            }
+            Ok((tx, Step::Done(outcome))) => {
+                tx.rollback().await?;
+                return Ok(Err(outcome));
+            }
+            // Lost a conflict before the body ran: the transaction is gone (dropped, so
+            // rolled back), nothing was applied, and a fresh one may win.
+            Err(Error::Database(e)) if is_conflict(&e) => {
+                drop(writer);
+                if !backoff.wait().await {
+                    return Err(Error::Contention {
+                        attempts: backoff.attempts(),
+                        last: e,
+                    });
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
 }

@@ -13,6 +13,15 @@ pub enum Error<E> {
     Handler(E),
     /// The database failed (connection, constraint, serialization failure, …).
     Database(sqlx::Error),
+    /// The transaction kept losing conflicts with concurrent ones (serialization
+    /// failures, deadlocks, a busy database) and idem gave up after `attempts` tries.
+    /// Nothing was applied; a later retry may succeed.
+    Contention {
+        /// The attempts made.
+        attempts: u32,
+        /// The last conflict.
+        last: sqlx::Error,
+    },
     /// The key is not acceptable (empty, too long, control characters).
     InvalidKey(KeyError),
     /// The row holds data the machine cannot interpret: an undeclared state name, a NULL
@@ -81,6 +90,7 @@ impl<E> Error<E> {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => crate::backend::is_transient(e),
+            Error::Contention { .. } => true,
             _ => false,
         }
     }
@@ -90,6 +100,7 @@ impl<E> Error<E> {
         match self {
             Error::Handler(e) => Error::Handler(f(e)),
             Error::Database(e) => Error::Database(e),
+            Error::Contention { attempts, last } => Error::Contention { attempts, last },
             Error::InvalidKey(e) => Error::InvalidKey(e),
             Error::CorruptRow {
                 machine,
@@ -130,6 +141,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
         match self {
             Error::Handler(e) => write!(f, "handler failed, transition rolled back: {e}"),
             Error::Database(e) => write!(f, "database error, transition rolled back: {e}"),
+            Error::Contention { attempts, last } => write!(
+                f,
+                "gave up after {attempts} attempts lost to concurrent transactions; nothing was applied (last: {last})"
+            ),
             Error::InvalidKey(e) => write!(f, "invalid key: {e}"),
             Error::CorruptRow {
                 machine,
@@ -175,6 +190,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
         match self {
             Error::Handler(e) => Some(e),
             Error::Database(e) => Some(e),
+            Error::Contention { last, .. } => Some(last),
             Error::InvalidKey(e) => Some(e),
             Error::Result(e) => Some(e),
             Error::CorruptRow { .. } | Error::LeaseLost { .. } | Error::CorruptRecord { .. } => {

@@ -13,6 +13,7 @@ pub mod inbox;
 mod key;
 mod machine;
 mod outcome;
+mod retry;
 mod schema;
 mod sql;
 mod transition;

@@ -55,6 +55,15 @@ pub fn postgres_url() -> Option<String> {
 
 /// A pool on a fresh schema `name` (dropped and recreated), holding [`TABLES`].
 pub async fn postgres(name: &str, max_connections: u32) -> Option<PgPool> {
+    postgres_with(name, max_connections, &[]).await
+}
+
+/// [`postgres`], with more session settings (e.g. `default_transaction_isolation`).
+pub async fn postgres_with(
+    name: &str,
+    max_connections: u32,
+    settings: &[(&str, &str)],
+) -> Option<PgPool> {
     let url = postgres_url()?;
     let schema = format!("idem_test_{name}");
     let admin = PgPool::connect(&url)
@@ -70,6 +79,7 @@ pub async fn postgres(name: &str, max_connections: u32) -> Option<PgPool> {
     let options = PgConnectOptions::from_str(&url)
         .unwrap()
         .options([("search_path", schema.as_str())])
+        .options(settings.iter().copied())
         .application_name(&schema);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)

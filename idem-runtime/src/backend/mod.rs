@@ -165,6 +165,17 @@ pub fn is_transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether the transaction lost a conflict with another one (serialization failure,
+/// deadlock, a busy SQLite database): retrying it from the start is the cure.
+pub(crate) fn is_conflict(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("40001" | "40P01")) || sqlite_busy(db.as_ref())
+        }
+        _ => false,
+    }
+}
+
 /// SQLITE_BUSY (5) or SQLITE_LOCKED (6), in any of their extended forms.
 #[cfg(feature = "sqlite")]
 fn sqlite_busy(error: &dyn sqlx::error::DatabaseError) -> bool {

@@ -1,0 +1,95 @@
+//! Bounded, jittered backoff for transactions that lost a conflict before any effect.
+//!
+//! Under REPEATABLE READ or SERIALIZABLE, a transition whose row a concurrent transaction
+//! changed fails with a serialization failure (SQLSTATE 40001) or a deadlock (40P01); a
+//! SQLite writer can find the database busy. Idem retries the whole transaction, but only
+//! up to the conditional UPDATE: the body has not run yet, so a retry cannot duplicate an
+//! effect.
+
+use std::cell::Cell;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Attempts in all, the first included.
+pub(crate) const MAX_ATTEMPTS: u32 = 8;
+const BASE: Duration = Duration::from_millis(5);
+const CAP: Duration = Duration::from_millis(250);
+
+/// Waits between attempts: full jitter over an exponential ceiling (5 ms, 10 ms, … 250 ms).
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    attempts: u32,
+}
+
+impl Backoff {
+    /// Counts a failed attempt and waits before the next; `false` when no attempt is left.
+    pub(crate) async fn wait(&mut self) -> bool {
+        self.attempts += 1;
+        if self.attempts >= MAX_ATTEMPTS {
+            return false;
+        }
+        tokio::time::sleep(self.delay()).await;
+        true
+    }
+
+    /// Attempts made so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn delay(&self) -> Duration {
+        let ceiling = BASE.saturating_mul(1 << self.attempts.min(16)).min(CAP);
+        ceiling.mul_f64(jitter())
+    }
+}
+
+/// A number in [0, 1) from a per-thread xorshift; no cryptographic quality needed, only
+/// that concurrent losers do not retry in lockstep.
+fn jitter() -> f64 {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(seed());
+    }
+    STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
+}
+
+fn seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let here = &nanos as *const u64 as u64;
+    (nanos ^ here.rotate_left(32)) | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_grow_are_capped_and_jittered() {
+        for attempts in 0..MAX_ATTEMPTS {
+            let delay = Backoff { attempts }.delay();
+            assert!(delay <= CAP, "{delay:?}");
+            assert!(delay <= BASE * (1 << attempts), "{delay:?}");
+        }
+        let samples: Vec<f64> = (0..100).map(|_| jitter()).collect();
+        assert!(samples.iter().all(|j| (0.0..1.0).contains(j)));
+        assert!(samples.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[tokio::test]
+    async fn gives_up_after_the_last_attempt() {
+        let mut backoff = Backoff::default();
+        let mut waits = 0;
+        while backoff.wait().await {
+            waits += 1;
+        }
+        assert_eq!(waits, MAX_ATTEMPTS - 1);
+        assert_eq!(backoff.attempts(), MAX_ATTEMPTS);
+    }
+}
