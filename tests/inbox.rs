@@ -316,6 +316,19 @@ inbox_tests!(
     sqlx::PgPool,
     common::postgres(&format!("inbox_{}", next_id()), 8).await
 );
+// Under REPEATABLE READ a duplicate that races the first delivery fails with a
+// serialization failure instead of waiting; the inbox retries it before the handler runs.
+inbox_tests!(
+    postgres_repeatable_read,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres_with(
+        &format!("inbox_rr_{}", next_id()),
+        8,
+        &[("default_transaction_isolation", "repeatable\\ read")]
+    )
+    .await
+);
 
 /// A process-unique number, so each test gets its own database or schema.
 fn next_id() -> String {

@@ -41,10 +41,11 @@ pub use counters::InboxCounters;
 pub use key::{AsMessageKey, MessageKey};
 pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
 
-use crate::backend::{Backend, Dialect, Param, WriterGuard, wait_turn};
+use crate::backend::{Backend, Dialect, Param, WriterGuard, is_conflict, wait_turn};
 use crate::error::Error;
 use crate::glue::{Codec, codec};
 use crate::key::{Key, KeyError};
+use crate::retry::Backoff;
 use clock::millis;
 use counters::{Counter, Counters};
 use record::{Found, Stored};
@@ -235,6 +236,31 @@ impl Inbox {
         payload: &[u8],
     ) -> Result<Received<DB, T>, Error<E>> {
         let fingerprint = fingerprint(payload);
+        let mut backoff = Backoff::default();
+        loop {
+            match self.receive_once(codec, pool, key, &fingerprint).await {
+                // Lost a conflict with a concurrent delivery (REPEATABLE READ,
+                // SERIALIZABLE, a deadlock) before the handler ran: try again.
+                Err(Error::Database(e)) if is_conflict(&e) => {
+                    if !backoff.wait().await {
+                        return Err(Error::Contention {
+                            attempts: backoff.attempts(),
+                            last: e,
+                        });
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn receive_once<DB: Backend, T, E>(
+        &self,
+        codec: Codec<T>,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+        fingerprint: &str,
+    ) -> Result<Received<DB, T>, Error<E>> {
         let Some((mut tx, writer)) = self.begin(pool).await? else {
             return Ok(Received::Done(self.in_progress(None)));
         };
@@ -243,7 +269,7 @@ impl Inbox {
         let insert = [
             group,
             message,
-            Param::Text(&fingerprint),
+            Param::Text(fingerprint),
             Param::Text(record::SUCCESS),
             Param::Null,
             Param::Int(now),
@@ -263,7 +289,7 @@ impl Inbox {
             self.end_lock_timeout(&mut tx).await?;
             return Ok(Received::New(receipt(tx)));
         }
-        match self.found(&mut tx, key, &fingerprint).await? {
+        match self.found(&mut tx, key, fingerprint).await? {
             Found::Retry { attempts, takeover } => {
                 let params = [
                     group,
