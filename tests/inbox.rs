@@ -285,6 +285,27 @@ macro_rules! inbox_tests {
             }
 
             #[tokio::test]
+            async fn completing_a_lease_waits_for_the_writer_instead_of_giving_up() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("mailer").unwrap().lock_timeout(Duration::from_millis(100));
+                let Claimed::Work(lease) = inbox.claim::<_, ()>(&pool, &key("welcome:9"), b"hi").await.unwrap() else {
+                    panic!("first claim")
+                };
+                // Another delivery holds a transaction (on SQLite: the database's writer)
+                // for longer than the lock timeout.
+                let Received::New(busy) = inbox.receive::<_, ()>(&pool, &key("other"), b"x").await.unwrap() else {
+                    panic!("first delivery")
+                };
+                let completion = {
+                    let pool = pool.clone();
+                    tokio::spawn(async move { lease.complete(&pool, Ok::<(), String>(())).await })
+                };
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                drop(busy);
+                assert_eq!(completion.await.unwrap().unwrap(), Delivery::Processed(()));
+            }
+
+            #[tokio::test]
             async fn a_concurrent_duplicate_gives_up_after_the_lock_timeout() {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("billing").unwrap().lock_timeout(Duration::from_millis(200));

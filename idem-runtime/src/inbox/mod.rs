@@ -496,6 +496,19 @@ impl Inbox {
         Ok(Some((tx, writer)))
     }
 
+    /// Opens a write transaction without the lock timeout: for a lease's own record, which
+    /// only its holder writes, so waiting is short and giving up would lose the outcome.
+    async fn begin_waiting<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+    ) -> Result<(Transaction<'static, DB>, Option<WriterGuard>), sqlx::Error> {
+        let writer = match DB::writer_queue(pool) {
+            None => None,
+            Some(database) => Some(wait_turn(database).await),
+        };
+        Ok((DB::begin_pool(pool).await?, writer))
+    }
+
     /// The lock timeout is for waiting on another delivery of the message, not for the
     /// handler's own statements: back to the session's setting once the record is held.
     async fn end_lock_timeout<DB: Backend>(
@@ -765,9 +778,7 @@ impl Lease {
         pool: &Pool<DB>,
         by: Duration,
     ) -> Result<bool, sqlx::Error> {
-        let Some((mut tx, _writer)) = self.inbox.begin(pool).await? else {
-            return Ok(false);
-        };
+        let (mut tx, _writer) = self.inbox.begin_waiting(pool).await?;
         let now = self.inbox.clock.now_millis();
         let until = now.saturating_add(millis(by));
         let params = [
@@ -795,9 +806,7 @@ impl Lease {
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
         let inbox = &self.inbox;
-        let Some((mut tx, _writer)) = inbox.begin(pool).await? else {
-            return Err(self.lost());
-        };
+        let (mut tx, _writer) = inbox.begin_waiting(pool).await?;
         let now = inbox.clock.now_millis();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
         match result {
