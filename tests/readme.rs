@@ -56,3 +56,26 @@ fn readme_shows_the_inbox_schema() {
         "README.md does not show the inbox table as migrated"
     );
 }
+
+/// The migrations create the same default results table as `create_results_table`.
+#[test]
+fn migrations_create_the_results_table_the_derive_describes() {
+    let sql = Order::IDEM_SQL;
+    for (migration, ddl) in [
+        (
+            idem::inbox::POSTGRES_MIGRATION,
+            sql.postgres.create_results_table,
+        ),
+        (
+            idem::inbox::SQLITE_MIGRATION,
+            sql.sqlite.create_results_table,
+        ),
+    ] {
+        // The derive quotes identifiers; the migration, written by hand, does not.
+        let ddl = ddl.replace('"', "");
+        assert!(
+            migration.contains(&ddl),
+            "the migration drifted from:\n{ddl}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, is_conflict, wait_turn};
+use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, begin_write, is_conflict};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
 use crate::glue::{Codec, MachineRef, codec, machine};
@@ -109,12 +109,8 @@ async fn try_begin<M, DB: Backend, T, E>(
     let key = key.0.map_err(Error::InvalidKey)?;
     let mut backoff = Backoff::default();
     loop {
-        let writer = match DB::writer_queue(pool) {
-            Some(database) => Some(wait_turn(database).await),
-            None => None,
-        };
         let attempt = async {
-            let mut tx = DB::begin_pool(pool).await?;
+            let (mut tx, writer) = begin_write(pool).await?;
             let step = attempt_in::<M, DB, T, E>(
                 &mut tx,
                 machine,
@@ -124,24 +120,23 @@ async fn try_begin<M, DB: Backend, T, E>(
                 expected_version,
             )
             .await?;
-            Ok::<_, Error<E>>((tx, step))
+            Ok::<_, Error<E>>((tx, writer, step))
         };
         match attempt.await {
-            Ok((tx, Step::Moved(moved))) => {
+            Ok((tx, writer, Step::Moved(moved))) => {
                 return Ok(Ok(Applying {
                     tx,
                     _writer: writer,
                     moved,
                 }));
             }
-            Ok((tx, Step::Done(outcome))) => {
+            Ok((tx, _writer, Step::Done(outcome))) => {
                 tx.rollback().await?;
                 return Ok(Err(outcome));
             }
             // Lost a conflict before the body ran: the transaction is gone (dropped, so
             // rolled back), nothing was applied, and a fresh one may win.
             Err(Error::Database(e)) if is_conflict(&e) => {
-                drop(writer);
                 if !backoff.wait().await {
                     return Err(Error::Contention {
                         attempts: backoff.attempts(),

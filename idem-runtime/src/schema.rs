@@ -1,6 +1,6 @@
 //! The table idem keeps first results in.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, begin_write};
 use crate::machine::Machine;
 use sqlx::Pool;
 
@@ -19,7 +19,7 @@ use sqlx::Pool;
 pub async fn create_results_table<M: Machine, DB: Backend>(
     pool: &Pool<DB>,
 ) -> Result<(), sqlx::Error> {
-    let mut tx = DB::begin_pool(pool).await?;
+    let (mut tx, _writer) = begin_write(pool).await?;
     let sql = DB::dialect(&tx).statements(M::DEFINITION);
     DB::execute(&mut tx, sql.create_results_table, &[]).await?;
     tx.commit().await

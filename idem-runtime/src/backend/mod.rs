@@ -17,7 +17,8 @@ mod sqlite;
 
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
-pub(crate) use writers::{WriterGuard, wait_turn};
+pub(crate) use writers::WriterGuard;
+use writers::wait_turn;
 
 use core::future::Future;
 use sqlx::{Pool, Transaction};
@@ -150,6 +151,34 @@ impl Dialect {
             Dialect::Sqlite => "BEGIN IMMEDIATE",
         }
     }
+}
+
+/// Opens a write transaction, after waiting for this process's turn to write where the
+/// backend needs one (SQLite, see [`writers`]). The guard must outlive the transaction.
+pub(crate) async fn begin_write<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<(Transaction<'static, DB>, Option<WriterGuard>), sqlx::Error> {
+    let writer = match DB::writer_queue(pool) {
+        Some(database) => Some(wait_turn(database).await),
+        None => None,
+    };
+    Ok((DB::begin_pool(pool).await?, writer))
+}
+
+/// [`begin_write`], waiting at most `patience` for the turn to write (only that: opening
+/// the transaction itself is not cut short); `None` if it ran out.
+pub(crate) async fn begin_write_within<DB: Backend>(
+    pool: &Pool<DB>,
+    patience: std::time::Duration,
+) -> Result<Option<(Transaction<'static, DB>, Option<WriterGuard>)>, sqlx::Error> {
+    let writer = match DB::writer_queue(pool) {
+        Some(database) => match tokio::time::timeout(patience, wait_turn(database)).await {
+            Ok(guard) => Some(guard),
+            Err(_) => return Ok(None),
+        },
+        None => None,
+    };
+    Ok(Some((DB::begin_pool(pool).await?, writer)))
 }
 
 /// Whether a retry of the whole transaction may succeed: serialization failures and

@@ -41,7 +41,9 @@ pub use counters::InboxCounters;
 pub use key::{AsMessageKey, MessageKey};
 pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
 
-use crate::backend::{Backend, Dialect, Param, WriterGuard, is_conflict, wait_turn};
+use crate::backend::{
+    Backend, Dialect, Param, WriterGuard, begin_write, begin_write_within, is_conflict,
+};
 use crate::error::Error;
 use crate::glue::{Codec, codec};
 use crate::key::{Key, KeyError};
@@ -477,36 +479,19 @@ impl Inbox {
         &self,
         pool: &Pool<DB>,
     ) -> Result<Option<(Transaction<'static, DB>, Option<WriterGuard>)>, sqlx::Error> {
-        let writer = match DB::writer_queue(pool) {
-            None => None,
-            Some(database) => match self.lock_timeout {
-                None => Some(wait_turn(database).await),
-                Some(timeout) => match tokio::time::timeout(timeout, wait_turn(database)).await {
-                    Ok(guard) => Some(guard),
-                    Err(_) => return Ok(None),
-                },
+        let (mut tx, writer) = match self.lock_timeout {
+            None => begin_write(pool).await?,
+            Some(patience) => match begin_write_within(pool, patience).await? {
+                Some(begun) => begun,
+                None => return Ok(None),
             },
         };
-        let mut tx = DB::begin_pool(pool).await?;
         if let (Some(timeout), Dialect::Postgres) = (self.lock_timeout, DB::dialect(&tx)) {
             // SET takes no parameters; the value is our own integer.
             let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
             DB::execute(&mut tx, &set, &[]).await?;
         }
         Ok(Some((tx, writer)))
-    }
-
-    /// Opens a write transaction without the lock timeout: for a lease's own record, which
-    /// only its holder writes, so waiting is short and giving up would lose the outcome.
-    async fn begin_waiting<DB: Backend>(
-        &self,
-        pool: &Pool<DB>,
-    ) -> Result<(Transaction<'static, DB>, Option<WriterGuard>), sqlx::Error> {
-        let writer = match DB::writer_queue(pool) {
-            None => None,
-            Some(database) => Some(wait_turn(database).await),
-        };
-        Ok((DB::begin_pool(pool).await?, writer))
     }
 
     /// The lock timeout is for waiting on another delivery of the message, not for the
@@ -778,7 +763,9 @@ impl Lease {
         pool: &Pool<DB>,
         by: Duration,
     ) -> Result<bool, sqlx::Error> {
-        let (mut tx, _writer) = self.inbox.begin_waiting(pool).await?;
+        // No lock timeout: only the lease's holder writes its record, so the wait is short,
+        // and giving up would lose the lease.
+        let (mut tx, _writer) = begin_write(pool).await?;
         let now = self.inbox.clock.now_millis();
         let until = now.saturating_add(millis(by));
         let params = [
@@ -806,7 +793,9 @@ impl Lease {
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
         let inbox = &self.inbox;
-        let (mut tx, _writer) = inbox.begin_waiting(pool).await?;
+        // No lock timeout: only the lease's holder writes its record, so the wait is short,
+        // and giving up would lose the outcome.
+        let (mut tx, _writer) = begin_write(pool).await?;
         let now = inbox.clock.now_millis();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
         match result {
@@ -874,7 +863,7 @@ fn lock_not_available(error: &sqlx::Error) -> bool {
 /// Creates idem's tables (the default results table and the inbox) if they do not
 /// exist: [`SQLITE_MIGRATION`] or [`POSTGRES_MIGRATION`], statement by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    let mut tx = DB::begin_pool(pool).await?;
+    let (mut tx, _writer) = begin_write(pool).await?;
     let migration = match DB::dialect(&tx) {
         Dialect::Postgres => POSTGRES_MIGRATION,
         Dialect::Sqlite => SQLITE_MIGRATION,
