@@ -10,9 +10,12 @@
 
 #[path = "common/brokers.rs"]
 mod brokers;
+#[path = "common/child.rs"]
+mod child;
 mod common;
 
 use brokers::{Db, Pause, amqp_url, cleanup_after, outcome_name, unique};
+use child::{ChildProcess, report};
 use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use lapin::options::{
@@ -21,12 +24,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 async fn connect(url: &str) -> Connection {
@@ -183,7 +183,7 @@ async fn consume(queue: String) {
             .unwrap();
         let (key, order) = key_and_order(&delivery);
         let redelivered = delivery.redelivered;
-        println!("idem-child: delivered key={key} redelivered={redelivered}");
+        report(&format!("delivered key={key} redelivered={redelivered}"));
         let pause = match crash.as_deref() {
             Some("before_commit") => Pause::Forever("before_commit"),
             _ => Pause::None,
@@ -193,97 +193,37 @@ async fn consume(queue: String) {
             .await
             .unwrap();
         if crash.as_deref() == Some("after_commit") {
-            println!("idem-child: crash-point after_commit");
+            report("crash-point after_commit");
             std::future::pending::<()>().await;
         }
-        println!(
-            "idem-child: outcome key={key} redelivered={redelivered} {}",
+        report(&format!(
+            "outcome key={key} redelivered={redelivered} {}",
             outcome_name(&outcome)
-        );
+        ));
         settle(&delivery, &outcome).await;
         settled += usize::from(outcome.should_ack());
     }
     channel.close(200, "done".into()).await.unwrap();
     connection.close(200, "done".into()).await.unwrap();
-    println!("idem-child: done");
+    report("done");
 }
 
-/// A running consumer process, killed when dropped (a failed test leaves none behind).
-struct ConsumerProcess {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
-impl ConsumerProcess {
-    fn spawn(queue: &str, db: &Db, crash_point: Option<&str>, messages: usize) -> Self {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args(["consumer_process", "--exact", "--ignored", "--nocapture"])
-            .args(["--test-threads=1", "-q"])
-            .env("IDEM_CHILD_QUEUE", queue)
-            .env("IDEM_CHILD_DB", db.spec())
-            .env("IDEM_CHILD_MESSAGES", messages.to_string())
-            .env_remove("IDEM_CRASH_POINT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
-        if let Some(point) = crash_point {
-            command.env("IDEM_CRASH_POINT", point);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (sender, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(step) = line.strip_prefix("idem-child: ") {
-                    eprintln!("child {line}");
-                    if sender.send(step.to_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        ConsumerProcess { child, lines }
+/// A consumer process on `queue`, settling `messages` messages, killed at `crash_point`.
+fn spawn_consumer(
+    queue: &str,
+    db: &Db,
+    crash_point: Option<&str>,
+    messages: usize,
+) -> ChildProcess {
+    let mut env = vec![
+        ("IDEM_CHILD_QUEUE", queue.to_owned()),
+        ("IDEM_CHILD_DB", db.spec()),
+        ("IDEM_CHILD_MESSAGES", messages.to_string()),
+    ];
+    if let Some(point) = crash_point {
+        env.push(("IDEM_CRASH_POINT", point.to_owned()));
     }
-
-    /// The next step the child prints; it must start with `prefix`.
-    async fn step(&mut self, prefix: &str) -> String {
-        let step = tokio::time::timeout(Duration::from_secs(20), self.lines.recv())
-            .await
-            .unwrap_or_else(|_| panic!("the consumer printed no `{prefix}` within 20 s"))
-            .unwrap_or_else(|| panic!("the consumer exited before `{prefix}`"));
-        assert!(
-            step.starts_with(prefix),
-            "expected `{prefix}…`, got `{step}`"
-        );
-        step
-    }
-
-    /// SIGKILL: no destructor, no rollback, no close; the OS drops its sockets.
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(!status.success(), "{status}");
-    }
-
-    async fn exits_successfully(mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "the consumer failed: {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "the consumer did not exit");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for ConsumerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    ChildProcess::spawn("consumer_process", &env, &["IDEM_CRASH_POINT"])
 }
 
 /// One message; a consumer process killed at `crash_point`; a new consumer process.
@@ -311,7 +251,7 @@ async fn killed_consumer(db: Db, crash_point: &'static str) {
         let (queue, channel) = (queue_, channel_);
         publish(&channel, &queue, "order-7-paid", br#"{"order":7}"#).await;
 
-        let mut first = ConsumerProcess::spawn(&queue, &db, Some(crash_point), 1);
+        let mut first = spawn_consumer(&queue, &db, Some(crash_point), 1);
         assert_eq!(
             first.step("delivered").await,
             "delivered key=order-7-paid redelivered=false"
@@ -328,7 +268,7 @@ async fn killed_consumer(db: Db, crash_point: &'static str) {
         assert_eq!(queue_state_becomes(&channel, &queue, (1, 0)).await, (1, 0));
         assert_eq!(db.effects().await, committed, "the kill changed nothing");
 
-        let mut second = ConsumerProcess::spawn(&queue, &db, None, 1);
+        let mut second = spawn_consumer(&queue, &db, None, 1);
         assert_eq!(
             second.step("delivered").await,
             "delivered key=order-7-paid redelivered=true"

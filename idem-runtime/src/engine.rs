@@ -3,6 +3,7 @@
 use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, begin_write, is_conflict};
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
+use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
 use crate::machine::Machine;
@@ -124,6 +125,7 @@ async fn try_begin<M, DB: Backend, T, E>(
         };
         match attempt.await {
             Ok((tx, writer, Step::Moved(moved))) => {
+                reached(FaultPoint::Transitioned);
                 return Ok(Ok(Applying {
                     tx,
                     _writer: writer,
@@ -179,7 +181,12 @@ pub async fn transition_in<M, DB: Backend, T, E>(
     expected_version: Option<i64>,
 ) -> Result<Step<T, M>, Error<E>> {
     let key = key.0.map_err(Error::InvalidKey)?;
-    attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await
+    let step =
+        attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await?;
+    if let Step::Moved(_) = step {
+        reached(FaultPoint::Transitioned);
+    }
+    Ok(step)
 }
 
 async fn attempt_in<M, DB: Backend, T, E>(
@@ -264,8 +271,10 @@ impl<DB: Backend> Applying<DB> {
                 return Err(Error::Handler(e));
             }
         };
+        reached(FaultPoint::BodyDone);
         self.moved.store(&mut self.tx, codec, &result).await?;
         self.tx.commit().await?;
+        reached(FaultPoint::Committed);
         Ok(Outcome::Applied(result))
     }
 }

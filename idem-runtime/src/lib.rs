@@ -8,6 +8,10 @@ mod classify;
 mod engine;
 mod error;
 mod fallible;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+mod fault;
 mod glue;
 pub mod inbox;
 mod key;

@@ -45,6 +45,7 @@ use crate::backend::{
     Backend, Dialect, Param, WriterGuard, begin_write, begin_write_within, is_conflict,
 };
 use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
 use crate::key::{Key, KeyError};
 use crate::retry::Backoff;
@@ -289,6 +290,7 @@ impl Inbox {
         };
         if inserted == 1 {
             self.end_lock_timeout(&mut tx).await?;
+            reached(FaultPoint::Recorded);
             return Ok(Received::New(receipt(tx)));
         }
         match self.found(&mut tx, key, fingerprint).await? {
@@ -306,6 +308,7 @@ impl Inbox {
                     self.counters.add(Counter::Takeovers, 1);
                 }
                 self.end_lock_timeout(&mut tx).await?;
+                reached(FaultPoint::Recorded);
                 Ok(Received::New(receipt(tx)))
             }
             found => {
@@ -377,6 +380,7 @@ impl Inbox {
         };
         if inserted == 1 {
             tx.commit().await?;
+            reached(FaultPoint::Claimed);
             return Ok(Claimed::Work(self.lease_of(key, 1, lease_until)));
         }
         match self.found(&mut tx, key, &fingerprint).await? {
@@ -404,6 +408,7 @@ impl Inbox {
                 if takeover {
                     self.counters.add(Counter::Takeovers, 1);
                 }
+                reached(FaultPoint::Claimed);
                 Ok(Claimed::Work(self.lease_of(key, attempts + 1, lease_until)))
             }
             found => {
@@ -684,6 +689,7 @@ impl<DB: Backend> Receipt<DB> {
                 return Err(Error::Handler(e));
             }
         };
+        reached(FaultPoint::BodyDone);
         let json = (codec.encode)(&result).map_err(Error::Result)?;
         if json != "null" {
             let params = [
@@ -694,6 +700,7 @@ impl<DB: Backend> Receipt<DB> {
             DB::execute(&mut self.tx, sql::STORE_RESULT, &params).await?;
         }
         self.tx.commit().await?;
+        reached(FaultPoint::Committed);
         self.inbox.counters.add(Counter::Applied, 1);
         Ok(Delivery::Processed(result))
     }
@@ -792,6 +799,7 @@ impl Lease {
         pool: &Pool<DB>,
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
+        reached(FaultPoint::WorkDone);
         let inbox = &self.inbox;
         // No lock timeout: only the lease's holder writes its record, so the wait is short,
         // and giving up would lose the outcome.
@@ -818,6 +826,7 @@ impl Lease {
                     return Err(self.lost());
                 }
                 tx.commit().await?;
+                reached(FaultPoint::Committed);
                 inbox.counters.add(Counter::Applied, 1);
                 Ok(Delivery::Processed(value))
             }

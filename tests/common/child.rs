@@ -1,0 +1,104 @@
+//! A child process running one ignored test of the current test binary, for the crash
+//! tests: the parent reads the steps it prints (`idem-child: …` lines on stdout) and kills
+//! it with SIGKILL where it stands.
+//!
+//! Include it next to `mod common;` with `#[path = "common/child.rs"] mod child;`.
+
+#![allow(dead_code)]
+
+use std::io::BufRead;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// What a child prints before each step the parent reads.
+pub const PREFIX: &str = "idem-child: ";
+
+/// Prints a step for the parent (flushed at once: the next thing may be a SIGKILL).
+pub fn report(step: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{PREFIX}{step}").unwrap();
+    out.flush().unwrap();
+}
+
+/// A running child process, killed when dropped (a failed test leaves none behind).
+pub struct ChildProcess {
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl ChildProcess {
+    /// Runs the ignored test `test` of this binary, alone, with `env` set (and each
+    /// variable of `unset` removed, so the parent's own settings do not leak in).
+    pub fn spawn(test: &str, env: &[(&str, String)], unset: &[&str]) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([test, "--exact", "--ignored", "--nocapture"])
+            .args(["--test-threads=1", "-q"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        for name in unset {
+            command.env_remove(name);
+        }
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(step) = line.strip_prefix(PREFIX) {
+                    eprintln!("child {line}");
+                    if sender.send(step.to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        ChildProcess { child, lines }
+    }
+
+    /// The next step the child prints; it must start with `prefix`.
+    pub async fn step(&mut self, prefix: &str) -> String {
+        let step = tokio::time::timeout(Duration::from_secs(30), self.lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the child printed no `{prefix}` within 30 s"))
+            .unwrap_or_else(|| panic!("the child exited before `{prefix}`"));
+        assert!(
+            step.starts_with(prefix),
+            "expected `{prefix}…`, got `{step}`"
+        );
+        step
+    }
+
+    /// SIGKILL: no destructor, no rollback, no close; the OS drops its sockets and locks.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        let status = self.child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "not killed by SIGKILL: {status}");
+    }
+
+    /// Waits (up to 30 s) for the child to exit, successfully.
+    pub async fn exits_successfully(mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "the child failed: {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
