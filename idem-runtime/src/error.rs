@@ -86,11 +86,33 @@ impl<E> Error<E> {
 
     /// `true` for errors a retry of the same call may cure: serialization failures,
     /// deadlocks, a busy database, a dropped connection. Handler errors are the handler's
-    /// to judge and return `false`.
+    /// to judge and return `false` (a serialization failure in one of the body's statements
+    /// is recognized by [`is_conflict`](Self::is_conflict)).
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => crate::backend::is_transient(e),
             Error::Contention { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// `true` if the transaction lost a conflict with a concurrent one — a serialization
+    /// failure or deadlock (PostgreSQL 40001, 40P01), a busy SQLite database — after idem
+    /// could no longer retry it alone: at COMMIT, or in a statement of the body. Everything
+    /// was rolled back, so calling the handler again is safe and may apply; [`retry`]
+    /// does that. A handler error counts when it is a [`sqlx::Error`] itself (the body's
+    /// `?` on a statement); wrapped in another type, it is the handler's to judge.
+    ///
+    /// [`retry`]: crate::retry()
+    pub fn is_conflict(&self) -> bool
+    where
+        E: 'static,
+    {
+        match self {
+            Error::Database(e) => crate::backend::is_conflict(e),
+            Error::Handler(e) => (e as &dyn core::any::Any)
+                .downcast_ref::<sqlx::Error>()
+                .is_some_and(crate::backend::is_conflict),
             _ => false,
         }
     }

@@ -32,6 +32,7 @@ pub use inbox::migrate;
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
 pub use outcome::{Outcome, OutcomeKind};
+pub use retry::retry;
 pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
 pub use transition::Transition;

@@ -1,0 +1,184 @@
+//! Under SERIALIZABLE, PostgreSQL aborts transactions whose bodies read what concurrent
+//! ones write, after the body ran: at COMMIT or in one of its statements. Such a call is
+//! rolled back whole and reported as a conflict ([`idem::Error::is_conflict`]);
+//! [`idem::retry`] calls it again, and each order is applied exactly once.
+//!
+//! The bodies keep a running ledger: each reads the highest balance and inserts the next.
+//! Eight of them read the empty ledger before any writes (a barrier), which no serial order
+//! explains, so at least one must lose. After the retries the balances are exactly 1..=8,
+//! one per order: what some serial order of the payments would have produced.
+
+mod common;
+
+use idem::{Outcome, StateMachine};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Barrier;
+
+const ORDERS: i64 = 8;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+/// Pays `order_id`: appends the next balance to the ledger. With `gate`, waits there after
+/// reading, until every payer has read.
+#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay(
+    tx: &mut Transaction<'_, Postgres>,
+    order_id: i64,
+    gate: Option<Arc<Barrier>>,
+) -> Result<i64, sqlx::Error> {
+    let highest: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(balance), 0) FROM ledger")
+        .fetch_one(&mut **tx)
+        .await?;
+    if let Some(gate) = gate {
+        tokio::time::timeout(Duration::from_secs(10), gate.wait())
+            .await
+            .expect("every payer reaches the gate");
+    }
+    let balance = highest + 1;
+    sqlx::query("INSERT INTO ledger (order_id, balance) VALUES ($1, $2)")
+        .bind(order_id)
+        .bind(balance)
+        .execute(&mut **tx)
+        .await?;
+    Ok(balance)
+}
+
+async fn setup() -> Option<PgPool> {
+    let settings = [("default_transaction_isolation", "serializable")];
+    let pool = common::postgres_with("serializable", ORDERS as u32 + 2, &settings).await?;
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE ledger (order_id BIGINT NOT NULL, balance BIGINT NOT NULL);
+         INSERT INTO orders (order_id, status) SELECT g, 'CREATED' FROM generate_series(1, 8) g;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    Some(pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_after_the_body_roll_back_and_retry_applies_once() {
+    let Some(pool) = setup().await else { return };
+
+    // Eight payments that all read the empty ledger before any of them writes.
+    let gate = Arc::new(Barrier::new(ORDERS as usize));
+    let tasks: Vec<_> = (1..=ORDERS)
+        .map(|order| {
+            let (pool, gate) = (pool.clone(), gate.clone());
+            tokio::spawn(async move { (order, pay(&pool, order, Some(gate)).await) })
+        })
+        .collect();
+    let mut lost = Vec::new();
+    let mut committed = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            (_, Ok(Outcome::Applied(balance))) => committed.push(balance),
+            (order, Err(e)) => {
+                assert!(e.is_conflict(), "order {order}: not a conflict: {e}");
+                assert!(e.to_string().contains("rolled back"), "{e}");
+                lost.push(order);
+            }
+            (order, Ok(other)) => panic!("order {order}: {other:?}"),
+        }
+    }
+    assert!(
+        !lost.is_empty(),
+        "no serial order explains eight reads of an empty ledger"
+    );
+    // The winners are serializable among themselves: distinct balances…
+    committed.sort();
+    committed.dedup();
+    assert_eq!(committed.len(), ORDERS as usize - lost.len());
+    // …and the losers left nothing: no ledger row, no state change, no stored result.
+    for &order in &lost {
+        let (rows, status): (i64, String) = sqlx::query_as(
+            "SELECT (SELECT COUNT(*) FROM ledger WHERE order_id = $1), \
+                    (SELECT status FROM orders WHERE order_id = $1)",
+        )
+        .bind(order)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!((rows, status.as_str()), (0, "CREATED"), "order {order}");
+    }
+
+    // The losers, called again until they stop conflicting.
+    let retries: Vec<_> = lost
+        .iter()
+        .map(|&order| {
+            let pool = pool.clone();
+            tokio::spawn(async move { idem::retry(|| pay(&pool, order, None)).await })
+        })
+        .collect();
+    for retry in retries {
+        let outcome = retry.await.unwrap().expect("applied after retries");
+        assert!(matches!(outcome, Outcome::Applied(_)), "{outcome:?}");
+    }
+
+    // Every payment once: the balances a serial order produces, one row per order.
+    let ledger: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT order_id, balance FROM ledger ORDER BY balance")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let balances: Vec<i64> = ledger.iter().map(|&(_, b)| b).collect();
+    assert_eq!(balances, (1..=ORDERS).collect::<Vec<_>>());
+    let mut orders: Vec<i64> = ledger.iter().map(|&(o, _)| o).collect();
+    orders.sort();
+    assert_eq!(orders, (1..=ORDERS).collect::<Vec<_>>());
+
+    // Redeliveries are duplicates that replay each order's own balance.
+    for (order, balance) in ledger {
+        let again = idem::retry(|| pay(&pool, order, None)).await.unwrap();
+        assert_eq!(
+            again,
+            Outcome::AlreadyDone {
+                current: Order::Paid,
+                first_result: Some(balance)
+            }
+        );
+    }
+}
+
+/// `idem::retry` gives up after its attempts with `Contention`, when every attempt loses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_gives_up_with_contention() {
+    let Some(pool) = common::postgres("serializable_retry", 1).await else {
+        return;
+    };
+    let mut calls = 0;
+    // A caller whose every attempt loses a conflict (here: always the same error).
+    let result: Result<(), idem::Error<sqlx::Error>> = idem::retry(|| {
+        calls += 1;
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT 1").execute(&mut *tx).await?;
+            Err(idem::Error::Handler(
+                sqlx::query("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap_err(),
+            ))
+        }
+    })
+    .await;
+    match result {
+        Err(idem::Error::Contention { attempts, last }) => {
+            assert_eq!(attempts, 8);
+            assert_eq!(calls, 8);
+            assert!(idem::is_transient(&last), "{last}");
+        }
+        other => panic!("expected Contention, got {other:?}"),
+    }
+}
