@@ -119,6 +119,67 @@ macro_rules! inbox_tests {
             }
 
             #[tokio::test]
+            async fn large_payloads_are_fingerprinted_not_stored() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("upload:1");
+                let payload = vec![b'a'; 8 << 20];
+                let first = inbox.process(&pool, &k, &payload, async |_: &mut sqlx::Transaction<'static, $db>| {
+                    Ok::<_, sqlx::Error>(1)
+                }).await.unwrap();
+                assert_eq!(first, Delivery::Processed(1));
+                let record: i64 = sqlx::query_scalar(
+                    "SELECT CAST(LENGTH(fingerprint) AS BIGINT) FROM idem_inbox",
+                ).fetch_one(&pool).await.unwrap();
+                assert_eq!(record, 64, "the record holds the SHA-256, not the 8 MiB");
+                let again = inbox.receive::<_, i64>(&pool, &k, &payload).await.unwrap();
+                assert!(matches!(again, Received::Done(Delivery::Duplicate { first_result: Some(1) })));
+                let mut other = payload.clone();
+                other[4 << 20] = b'b';
+                let changed = inbox.receive::<_, i64>(&pool, &k, &other).await.unwrap();
+                assert!(matches!(changed, Received::Done(Delivery::Conflict)));
+            }
+
+            #[tokio::test]
+            async fn an_oversized_result_is_refused_and_nothing_is_lost() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap().max_attempts(2);
+                let huge = "x".repeat(idem::MAX_RESULT_LEN);
+                // Transactional: the record and the effect roll back; a redelivery applies.
+                let k = key("order:8:paid");
+                let refused = match inbox.receive::<_, String>(&pool, &k, b"m").await.unwrap() {
+                    Received::New(mut receipt) => {
+                        sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (8, 'pay', 1)")
+                            .execute(&mut **receipt.transaction())
+                            .await
+                            .unwrap();
+                        receipt.finish(Ok::<_, sqlx::Error>(huge.clone())).await
+                    }
+                    Received::Done(d) => panic!("first delivery, got {d:?}"),
+                };
+                assert!(matches!(refused, Err(Error::ResultTooLarge { .. })), "{refused:?}");
+                assert_eq!(effects(&pool).await, 0);
+                assert_eq!(deliver(&inbox, &pool, &k, 8, 1).await.unwrap(), Delivery::Processed(801));
+                // Leased: the work happened, so the attempt is recorded as failed (retried,
+                // then parked), never left hanging until its lease expires.
+                let k = key("order:9:paid");
+                for attempt in 1..=2 {
+                    let Claimed::Work(lease) = inbox.claim::<_, String>(&pool, &k, b"m").await.unwrap() else {
+                        panic!("attempt {attempt}: the message is claimable");
+                    };
+                    let done = lease.complete(&pool, Ok::<_, String>(huge.clone())).await;
+                    assert!(matches!(done, Err(Error::ResultTooLarge { .. })), "{done:?}");
+                }
+                let (status, error): (String, Option<String>) =
+                    sqlx::query_as("SELECT status, error FROM idem_inbox WHERE message_key = 'order:9:paid'")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!(status, "DEAD");
+                assert!(error.unwrap().contains("limit for stored results"));
+            }
+
+            #[tokio::test]
             async fn bad_keys_and_groups_are_refused() {
                 assert!(MessageKey::new("").is_err());
                 assert!(MessageKey::new("x".repeat(256)).is_err());

@@ -80,6 +80,20 @@ macro_rules! backend_tests {
                 Ok(Receipt { order_id, amount, note: format!("paid {amount}") })
             }
 
+            /// Pays with a note of the caller's choosing, returned in the receipt.
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay_with_note(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                note: String,
+            ) -> Result<Receipt, sqlx::Error> {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)")
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(Receipt { order_id, amount: 1, note })
+            }
+
             #[idem::idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
             async fn ship(tx: &mut Transaction<'_, $db>, order_id: i64) -> Result<(), sqlx::Error> {
                 sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)")
@@ -220,6 +234,29 @@ macro_rules! backend_tests {
                 assert!(retry.is_applied(), "{retry:?}");
                 assert_eq!(effects(&pool, 4).await, 1);
                 assert_eq!(stored_results(&pool).await, 1);
+            }
+
+            #[tokio::test]
+            async fn an_oversized_result_is_refused_and_nothing_commits() {
+                let Some(pool) = setup().await else { return };
+                let note = "x".repeat(idem::MAX_RESULT_LEN);
+                match pay_with_note(&pool, 5, note).await {
+                    Err(e @ Error::ResultTooLarge { len, max }) => {
+                        assert!(len > max && max == idem::MAX_RESULT_LEN, "{len} {max}");
+                        assert!(!e.is_transient());
+                        assert!(e.to_string().contains("nothing was committed"), "{e}");
+                    }
+                    other => panic!("expected ResultTooLarge, got {other:?}"),
+                }
+                // The body's insert, the transition and the result are all gone…
+                assert_eq!(state(&pool, 5).await, (Some("CREATED".into()), Some(0)));
+                assert_eq!(effects(&pool, 5).await, 0);
+                assert_eq!(stored_results(&pool).await, 0);
+                // …and the same call with a result that fits applies.
+                let note = "y".repeat(1000);
+                let applied = pay_with_note(&pool, 5, note.clone()).await.unwrap();
+                assert_eq!(applied, Outcome::Applied(Receipt { order_id: 5, amount: 1, note }));
+                assert_eq!(effects(&pool, 5).await, 1);
             }
 
             #[tokio::test]

@@ -9,6 +9,7 @@ use crate::key::{Key, KeyError};
 use crate::machine::Machine;
 use crate::outcome::Outcome;
 use crate::retry::Backoff;
+use crate::stored::bounded;
 use crate::transition::Transition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -241,7 +242,7 @@ impl Moved {
         codec: Codec<T>,
         result: &T,
     ) -> Result<(), Error<E>> {
-        let json = (codec.encode)(result).map_err(Error::Result)?;
+        let json = bounded((codec.encode)(result).map_err(Error::Result)?)?;
         // A result that serializes to `null` (`()`, `None`) replays without storage.
         if json != "null" {
             store_result::<DB>(tx, &self.call(None), &json).await?;

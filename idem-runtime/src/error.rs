@@ -55,6 +55,16 @@ pub enum Error<E> {
         /// What is wrong with it.
         problem: String,
     },
+    /// The body's result serializes to more than [`MAX_RESULT_LEN`](crate::MAX_RESULT_LEN)
+    /// bytes, too large to store as the first result. Nothing was committed (in the leased
+    /// inbox, the attempt is recorded as failed). Return something small, such as the id of
+    /// a row holding the large data.
+    ResultTooLarge {
+        /// The serialized result's length, in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The body's result could not be stored, or a stored result could not be read back
     /// as the handler's result type (the type changed incompatibly since it was stored).
     Result(serde_json::Error),
@@ -136,6 +146,7 @@ impl<E> Error<E> {
                 problem,
             },
             Error::Result(e) => Error::Result(e),
+            Error::ResultTooLarge { len, max } => Error::ResultTooLarge { len, max },
             Error::LeaseLost { group, key } => Error::LeaseLost { group, key },
             Error::CorruptRecord {
                 group,
@@ -191,6 +202,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
                 }
             }
             Error::Result(e) => write!(f, "stored result does not match the handler's type: {e}"),
+            Error::ResultTooLarge { len, max } => write!(
+                f,
+                "the result serializes to {len} bytes, over the {max}-byte limit for stored results; nothing was committed (return an id, keep large data in a table)"
+            ),
             Error::LeaseLost { group, key } => write!(
                 f,
                 "the lease on message {key:?} of consumer group {group:?} expired and another delivery took it over; this one recorded nothing"
@@ -215,9 +230,10 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Contention { last, .. } => Some(last),
             Error::InvalidKey(e) => Some(e),
             Error::Result(e) => Some(e),
-            Error::CorruptRow { .. } | Error::LeaseLost { .. } | Error::CorruptRecord { .. } => {
-                None
-            }
+            Error::CorruptRow { .. }
+            | Error::LeaseLost { .. }
+            | Error::CorruptRecord { .. }
+            | Error::ResultTooLarge { .. } => None,
         }
     }
 }

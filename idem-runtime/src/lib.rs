@@ -20,6 +20,7 @@ mod outcome;
 mod retry;
 mod schema;
 mod sql;
+mod stored;
 mod transition;
 
 #[cfg(feature = "sqlite")]
@@ -35,6 +36,7 @@ pub use outcome::{Outcome, OutcomeKind};
 pub use retry::retry;
 pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
+pub use stored::MAX_RESULT_LEN;
 pub use transition::Transition;
 
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a

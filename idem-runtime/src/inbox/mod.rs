@@ -49,6 +49,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
 use crate::key::{Key, KeyError};
 use crate::retry::Backoff;
+use crate::stored::bounded;
 use clock::millis;
 use counters::{Counter, Counters};
 use record::{Found, Stored};
@@ -690,7 +691,7 @@ impl<DB: Backend> Receipt<DB> {
             }
         };
         reached(FaultPoint::BodyDone);
-        let json = (codec.encode)(&result).map_err(Error::Result)?;
+        let json = bounded((codec.encode)(&result).map_err(Error::Result)?)?;
         if json != "null" {
             let params = [
                 Param::Text(&self.inbox.group),
@@ -806,48 +807,69 @@ impl Lease {
         let (mut tx, _writer) = begin_write(pool).await?;
         let now = inbox.clock.now_millis();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
-        match result {
-            Ok(value) => {
-                let json = serde_json::to_string(&value).map_err(Error::Result)?;
-                let stored = if json == "null" {
-                    Param::Null
-                } else {
-                    Param::Text(&json)
-                };
-                let params = [
-                    group,
-                    message,
-                    stored,
-                    Param::Int(now),
-                    Param::Int(self.attempt),
-                ];
-                if DB::execute(&mut tx, sql::SUCCEED, &params).await? == 0 {
-                    tx.rollback().await?;
-                    return Err(self.lost());
-                }
-                tx.commit().await?;
-                reached(FaultPoint::Committed);
-                inbox.counters.add(Counter::Applied, 1);
-                Ok(Delivery::Processed(value))
-            }
+        let value = match result {
+            Ok(value) => value,
             Err(e) => {
-                let message_text = e.to_string();
-                let params = [
-                    group,
-                    message,
-                    Param::Int(inbox.max_attempts),
-                    Param::Text(&message_text),
-                    Param::Int(now),
-                    Param::Int(self.attempt),
-                ];
-                let recorded = DB::execute(&mut tx, sql::FAIL, &params).await? == 1;
-                tx.commit().await?;
-                if recorded && self.attempt >= inbox.max_attempts {
-                    inbox.counters.add(Counter::Dead, 1);
-                }
-                Err(Error::Handler(e))
+                self.fail(tx, &e.to_string(), now).await?;
+                return Err(Error::Handler(e));
             }
+        };
+        let json = match serde_json::to_string(&value)
+            .map_err(Error::Result)
+            .and_then(bounded)
+        {
+            Ok(json) => json,
+            // The work is done but its result cannot be stored: a failed attempt, so the
+            // message is retried (and parked after the last attempt), never lost.
+            Err(refused) => {
+                self.fail(tx, &refused.to_string(), now).await?;
+                return Err(refused);
+            }
+        };
+        let stored = if json == "null" {
+            Param::Null
+        } else {
+            Param::Text(&json)
+        };
+        let params = [
+            group,
+            message,
+            stored,
+            Param::Int(now),
+            Param::Int(self.attempt),
+        ];
+        if DB::execute(&mut tx, sql::SUCCEED, &params).await? == 0 {
+            tx.rollback().await?;
+            return Err(self.lost());
         }
+        tx.commit().await?;
+        reached(FaultPoint::Committed);
+        inbox.counters.add(Counter::Applied, 1);
+        Ok(Delivery::Processed(value))
+    }
+
+    /// Records a failed attempt (DEAD after the last one) and commits.
+    async fn fail<DB: Backend>(
+        &self,
+        mut tx: Transaction<'static, DB>,
+        error: &str,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        let inbox = &self.inbox;
+        let params = [
+            Param::Text(&inbox.group),
+            Param::Text(self.key.as_str()),
+            Param::Int(inbox.max_attempts),
+            Param::Text(error),
+            Param::Int(now),
+            Param::Int(self.attempt),
+        ];
+        let recorded = DB::execute(&mut tx, sql::FAIL, &params).await? == 1;
+        tx.commit().await?;
+        if recorded && self.attempt >= inbox.max_attempts {
+            inbox.counters.add(Counter::Dead, 1);
+        }
+        Ok(())
     }
 
     fn lost<E>(&self) -> Error<E> {
