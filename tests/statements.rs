@@ -5,10 +5,11 @@
 //! One test in its own binary: the log is process-wide.
 
 mod common;
+#[path = "common/statement_log.rs"]
+mod statement_log;
 
 use idem::{Outcome, StateMachine};
-use std::sync::Mutex;
-use tracing::field::{Field, Visit};
+use statement_log::{StatementLog, inside_transaction, take_log};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "orders", key = "order_id", state = "status")]
@@ -16,71 +17,6 @@ enum Order {
     #[state(to(Paid))]
     Created,
     Paid,
-}
-
-static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// Records the SQL text of every `sqlx::query` event.
-struct StatementLog;
-
-impl tracing::Subscriber for StatementLog {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target() == "sqlx::query"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        #[derive(Default)]
-        struct Sql {
-            summary: String,
-            statement: String,
-        }
-        impl Visit for Sql {
-            fn record_str(&mut self, field: &Field, value: &str) {
-                match field.name() {
-                    "summary" => self.summary = value.to_owned(),
-                    "db.statement" => self.statement = value.to_owned(),
-                    _ => {}
-                }
-            }
-            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "summary" || field.name() == "db.statement" {
-                    self.record_str(field, format!("{value:?}").trim_matches('"'));
-                }
-            }
-        }
-        let mut sql = Sql::default();
-        event.record(&mut sql);
-        // sqlx logs short statements as a summary only, long ones framed by newlines.
-        let text = if sql.statement.trim().is_empty() {
-            sql.summary
-        } else {
-            sql.statement.trim_matches('\n').to_owned()
-        };
-        LOG.lock().unwrap().push(text);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-fn take_log() -> Vec<String> {
-    std::mem::take(&mut *LOG.lock().unwrap())
-}
-
-/// The statements between BEGIN and COMMIT/ROLLBACK, without those.
-fn inside_transaction(log: &[String]) -> Vec<&str> {
-    log.iter()
-        .map(String::as_str)
-        .filter(|s| {
-            !matches!(
-                s.split_whitespace().next(),
-                Some("BEGIN" | "COMMIT" | "ROLLBACK")
-            )
-        })
-        .collect()
 }
 
 const BODY: &str = "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 0)";
@@ -129,15 +65,19 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         "full log: {log:#?}"
     );
 
-    // PostgreSQL: one statement for the transition, and one for a duplicate, too.
+    // PostgreSQL, pinned to the one-statement form: one statement for the transition, and
+    // one for a duplicate, too.
     let Some(pool) = common::postgres("statements", 1).await else {
         return;
     };
     idem::create_results_table::<Order, _>(&pool).await.unwrap();
-    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED')")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO orders (order_id, status) SELECT g, 'CREATED' FROM generate_series(1, 100) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    idem::set_postgres_classification(idem::Classification::Inline);
     take_log();
     assert_eq!(pay_postgres(&pool, 1).await.unwrap(), Outcome::Applied(1));
     let log = take_log();
@@ -155,4 +95,51 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         "full log: {log:#?}"
     );
     assert_eq!(log.last().map(String::as_str), Some("ROLLBACK"), "{log:#?}");
+
+    // Pinned to the plain UPDATE: what a hand-writer sends, a classifying SELECT on a miss.
+    idem::set_postgres_classification(idem::Classification::OnMiss);
+    assert_eq!(pay_postgres(&pool, 2).await.unwrap(), Outcome::Applied(2));
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [sql.postgres.update, BODY, sql.postgres.store_result],
+        "full log: {log:#?}"
+    );
+    assert!(!pay_postgres(&pool, 2).await.unwrap().is_applied());
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [sql.postgres.update, sql.postgres.classify],
+        "full log: {log:#?}"
+    );
+
+    // Adaptive (the default): a run of duplicates switches to the one-statement form, a
+    // run of first deliveries back to the plain UPDATE, each within 16 calls.
+    idem::set_postgres_classification(idem::Classification::Adaptive);
+    let first_statement = |log: &[String]| inside_transaction(log)[0].to_owned();
+    let mut duplicates = 0;
+    loop {
+        assert!(!pay_postgres(&pool, 1).await.unwrap().is_applied());
+        duplicates += 1;
+        if first_statement(&take_log()) == sql.postgres.transition {
+            break;
+        }
+        assert!(
+            duplicates < 16,
+            "still the plain UPDATE after {duplicates} duplicates"
+        );
+    }
+    let mut applied = 0;
+    loop {
+        applied += 1;
+        assert!(pay_postgres(&pool, 2 + applied).await.unwrap().is_applied());
+        if first_statement(&take_log()) == sql.postgres.update {
+            break;
+        }
+        assert!(
+            applied < 16,
+            "still the one-statement form after {applied} applications"
+        );
+    }
+    eprintln!("switched after {duplicates} duplicates and back after {applied} applications");
 }

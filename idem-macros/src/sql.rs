@@ -19,6 +19,8 @@ pub struct Names<'a> {
 pub struct Statements {
     pub transition: String,
     pub transition_guarded: String,
+    pub update: String,
+    pub update_guarded: String,
     pub classify: String,
     pub store_result: String,
     pub create_results_table: String,
@@ -128,7 +130,8 @@ impl Quoted {
         )
     }
 
-    fn sqlite_transition(&self, guard: &str) -> String {
+    /// The conditional UPDATE alone, returning the new version of an updated row.
+    fn plain_update(&self, guard: &str) -> String {
         format!(
             "{}\nRETURNING CAST({} AS BIGINT) AS applied_version",
             self.update(guard),
@@ -162,15 +165,18 @@ impl Quoted {
     }
 }
 
-/// The PostgreSQL statements: the transition attempt also classifies a miss, in one
-/// round trip.
+/// The PostgreSQL statements: the transition attempt that also classifies a miss, in one
+/// round trip, and the plain UPDATE with its classifying SELECT (the runtime chooses).
 pub fn postgres(names: &Names<'_>) -> Statements {
     let q = Quoted::new(names);
     let not_null = format!("{} IS NOT NULL", q.version);
     let guarded = format!("{} = $6", q.version);
+    let update_guarded = format!("{} = $4", q.version);
     Statements {
         transition: q.postgres_transition(&not_null),
         transition_guarded: q.postgres_transition(&guarded),
+        update: q.plain_update(&not_null),
+        update_guarded: q.plain_update(&update_guarded),
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
@@ -184,8 +190,10 @@ pub fn sqlite(names: &Names<'_>) -> Statements {
     let not_null = format!("{} IS NOT NULL", q.version);
     let guarded = format!("{} = $4", q.version);
     Statements {
-        transition: q.sqlite_transition(&not_null),
-        transition_guarded: q.sqlite_transition(&guarded),
+        transition: q.plain_update(&not_null),
+        transition_guarded: q.plain_update(&guarded),
+        update: q.plain_update(&not_null),
+        update_guarded: q.plain_update(&guarded),
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TEXT"),

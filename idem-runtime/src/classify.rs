@@ -75,6 +75,8 @@ mod tests {
     const NO_SQL: Statements = Statements {
         transition: "",
         transition_guarded: "",
+        update: "",
+        update_guarded: "",
         classify: "",
         store_result: "",
         create_results_table: "",

@@ -1,6 +1,7 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
 use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, begin_write, is_conflict};
+use crate::classification::MissRate;
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
@@ -205,7 +206,10 @@ async fn attempt_in<M, DB: Backend, T, E>(
         key,
     };
     let call = moved.call(expected_version);
-    let mut observed = match attempt::<DB>(conn, &call).await? {
+    let misses = MissRate::of(&transition);
+    let first = attempt::<DB>(conn, &call, misses.inline()).await?;
+    misses.record(first.is_some());
+    let mut observed = match first {
         None => return Ok(Step::Moved(moved)),
         Some(observed) => observed,
     };
@@ -216,7 +220,7 @@ async fn attempt_in<M, DB: Backend, T, E>(
         }
         // A concurrent transaction moved the row after this statement's snapshot: try
         // again with a fresh statement (and snapshot, under READ COMMITTED).
-        observed = match attempt::<DB>(conn, &call).await? {
+        observed = match attempt::<DB>(conn, &call, misses.inline()).await? {
             None => return Ok(Step::Moved(moved)),
             Some(observed) => observed,
         };
@@ -314,10 +318,11 @@ impl Call<'_> {
 }
 
 /// Attempts the conditional UPDATE. `None`: applied. `Some`: not applied, and what the
-/// row looks like — from the same statement on PostgreSQL, from a second one on SQLite.
+/// row looks like — from the same statement (PostgreSQL, `inline`) or from a second one.
 async fn attempt<DB: Backend>(
     conn: &mut DB::Connection,
     call: &Call<'_>,
+    inline: bool,
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = call.dialect.statements(t.definition);
@@ -327,40 +332,36 @@ async fn attempt<DB: Backend>(
         Param::Text(t.to_name()),
     );
     let (machine, key_text) = (Param::Text(t.definition.name), Param::Text(call.key_text));
-    match call.dialect {
-        Dialect::Postgres => {
-            let columns = match call.expected_version {
-                None => {
-                    let params = [key, from, to, machine, key_text];
-                    DB::fetch(conn, sql.transition, &params).await?
-                }
-                Some(v) => {
-                    let params = [key, from, to, machine, key_text, Param::Int(v)];
-                    DB::fetch(conn, sql.transition_guarded, &params).await?
-                }
-            };
-            let record = columns.unwrap_or_default();
-            Ok(record
-                .int("applied_version")
-                .is_none()
-                .then(|| observed(record)))
-        }
-        Dialect::Sqlite => {
-            let updated = match call.expected_version {
-                None => DB::fetch(conn, sql.transition, &[key, from, to]).await?,
-                Some(v) => {
-                    let params = [key, from, to, Param::Int(v)];
-                    DB::fetch(conn, sql.transition_guarded, &params).await?
-                }
-            };
-            if updated.is_some() {
-                return Ok(None);
+    if inline && call.dialect == Dialect::Postgres {
+        let columns = match call.expected_version {
+            None => {
+                let params = [key, from, to, machine, key_text];
+                DB::fetch(conn, sql.transition, &params).await?
             }
-            let params = [key, from, to, machine, key_text];
-            let columns = DB::fetch(conn, sql.classify, &params).await?;
-            Ok(Some(observed(columns.unwrap_or_default())))
-        }
+            Some(v) => {
+                let params = [key, from, to, machine, key_text, Param::Int(v)];
+                DB::fetch(conn, sql.transition_guarded, &params).await?
+            }
+        };
+        let record = columns.unwrap_or_default();
+        return Ok(record
+            .int("applied_version")
+            .is_none()
+            .then(|| observed(record)));
     }
+    let updated = match call.expected_version {
+        None => DB::fetch(conn, sql.update, &[key, from, to]).await?,
+        Some(v) => {
+            let params = [key, from, to, Param::Int(v)];
+            DB::fetch(conn, sql.update_guarded, &params).await?
+        }
+    };
+    if updated.is_some() {
+        return Ok(None);
+    }
+    let params = [key, from, to, machine, key_text];
+    let columns = DB::fetch(conn, sql.classify, &params).await?;
+    Ok(Some(observed(columns.unwrap_or_default())))
 }
 
 async fn store_result<DB: Backend>(

@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod classification;
 mod classify;
 mod engine;
 mod error;
@@ -26,6 +27,7 @@ mod transition;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
+pub use classification::{Classification, set_postgres_classification};
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
 pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};

@@ -21,8 +21,8 @@ pub struct MachineSql {
 /// |---|---|---|---|---|---|---|
 /// | `transition`, PostgreSQL | key | from | to | machine name | key as text | — |
 /// | `transition_guarded`, PostgreSQL | key | from | to | machine name | key as text | expected version |
-/// | `transition`, SQLite | key | from | to | — | — | — |
-/// | `transition_guarded`, SQLite | key | from | to | expected version | — | — |
+/// | `transition`, SQLite; `update` | key | from | to | — | — | — |
+/// | `transition_guarded`, SQLite; `update_guarded` | key | from | to | expected version | — | — |
 /// | `classify` | key | from | to | machine name | key as text | — |
 /// | `store_result` | machine name | key as text | from | to | result (JSON) | — |
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +34,13 @@ pub struct Statements {
     pub transition: &'static str,
     /// [`transition`](Self::transition) with the optimistic-locking guard `version = $n`.
     pub transition_guarded: &'static str,
+    /// The conditional UPDATE alone: returns the new version of an updated row
+    /// (`applied_version`) and nothing otherwise; [`classify`](Self::classify) follows a
+    /// miss. On SQLite the same as `transition`; on PostgreSQL used while misses are rare
+    /// (see [`Classification`](crate::Classification)).
+    pub update: &'static str,
+    /// [`update`](Self::update) with the optimistic-locking guard `version = $4`.
+    pub update_guarded: &'static str,
     /// Reads the current row and the stored first result (columns `found`,
     /// `current_state`, `current_version`, `first_result`).
     pub classify: &'static str,

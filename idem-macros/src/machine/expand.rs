@@ -88,6 +88,8 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
     let empty = quote!(::idem::Statements {
         transition: "",
         transition_guarded: "",
+        update: "",
+        update_guarded: "",
         classify: "",
         store_result: "",
         create_results_table: "",
@@ -112,6 +114,8 @@ fn statements_tokens(s: &Statements) -> TokenStream {
     let Statements {
         transition,
         transition_guarded,
+        update,
+        update_guarded,
         classify,
         store_result,
         create_results_table,
@@ -120,6 +124,8 @@ fn statements_tokens(s: &Statements) -> TokenStream {
         ::idem::Statements {
             transition: #transition,
             transition_guarded: #transition_guarded,
+            update: #update,
+            update_guarded: #update_guarded,
             classify: #classify,
             store_result: #store_result,
             create_results_table: #create_results_table,
@@ -153,14 +159,15 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
          Transitions: {transitions}.\n\n\
          Parameters: `$1` the key, `$2` the `from` state, `$3` the `to` state, `$4` the machine \
          name, `$5` the key as text, and the expected version last (see [`idem::Statements`]).\n\n\
-         # PostgreSQL\n\n\
-         One statement attempts the transition and, when it matched no row, reports the row \
-         and the stored first result:\n\n\
+         # The plain UPDATE (SQLite, and PostgreSQL while misses are rare)\n\n\
+         Inside the transaction (`BEGIN IMMEDIATE` on SQLite):\n\n```sql\n{lite}\n```\n\n\
+         With an expected version, `{version} = $4` replaces `{version} IS NOT NULL`. \
+         Only when that matched no row:\n\n```sql\n{classify}\n```\n\n\
+         # PostgreSQL, while most recent calls missed\n\n\
+         One statement attempts the transition and, only when it matched no row, reports \
+         the row and the stored first result (see [`idem::Classification`]):\n\n\
          ```sql\n{pg}\n```\n\n\
          With an expected version:\n\n```sql\n{pg_guarded}\n```\n\n\
-         # SQLite\n\n\
-         Inside `BEGIN IMMEDIATE`:\n\n```sql\n{lite}\n```\n\n\
-         Only when that matched no row:\n\n```sql\n{classify}\n```\n\n\
          # Both\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
          The results table (PostgreSQL):\n\n```sql\n{create}\n```\n",

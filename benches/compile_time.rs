@@ -1,0 +1,226 @@
+//! What `#[idempotent]` costs at compile time: `cargo check` of a crate with 100 annotated
+//! handlers against the same 100 handlers written by hand (the conditional UPDATE, the
+//! classifying SELECT, the outcome), both on PostgreSQL through sqlx.
+//!
+//! ```sh
+//! cargo bench --bench compile_time
+//! ```
+//!
+//! The two crates are generated under the target directory, share one target directory
+//! (their dependencies are checked once, first), and are checked `IDEM_BENCH_ROUNDS` times
+//! (default 5) each, alternating, after touching their source. The results and the machine
+//! are in BENCHMARKS.md.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const HANDLERS: usize = 100;
+
+/// The three transitions the handlers cycle through: (from, to, function-name prefix).
+const TRANSITIONS: [(&str, &str, &str); 3] = [
+    ("CREATED", "PAID", "pay"),
+    ("PAID", "SHIPPED", "ship"),
+    ("CREATED", "CANCELLED", "cancel"),
+];
+
+const MACHINE: &str = r#"
+#[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+pub enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+"#;
+
+fn annotated(n: usize) -> String {
+    let (from, to, verb) = TRANSITIONS[n % TRANSITIONS.len()];
+    format!(
+        r#"
+#[idem::idempotent(machine = Order, key = "order_id", from = "{from}", to = "{to}")]
+pub async fn {verb}_{n}(tx: &mut Transaction<'_, Postgres>, order_id: i64, amount: i64) -> Result<i64, sqlx::Error> {{
+    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, '{verb}', $2)")
+        .bind(order_id).bind(amount).execute(&mut **tx).await?;
+    Ok(amount)
+}}
+"#
+    )
+}
+
+/// The same handler by hand: what a careful author writes without idem (one transaction,
+/// the conditional UPDATE with the version guard, the effect, a classifying SELECT on a
+/// miss, a typed outcome). No stored first result: hand-written code rarely has one.
+fn hand_written(n: usize) -> String {
+    let (from, to, verb) = TRANSITIONS[n % TRANSITIONS.len()];
+    let later = match to {
+        "PAID" => r#"["PAID", "SHIPPED"]"#,
+        "SHIPPED" => r#"["SHIPPED"]"#,
+        _ => r#"["CANCELLED"]"#,
+    };
+    format!(
+        r#"
+pub async fn {verb}_{n}(pool: &PgPool, order_id: i64, amount: i64) -> Result<Outcome<i64>, sqlx::Error> {{
+    let mut tx = pool.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE orders SET status = $2, version = version + 1 WHERE order_id = $1 AND status = $3 AND version IS NOT NULL",
+    )
+    .bind(order_id).bind("{to}").bind("{from}")
+    .execute(&mut *tx).await?
+    .rows_affected();
+    if updated == 1 {{
+        sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, '{verb}', $2)")
+            .bind(order_id).bind(amount).execute(&mut *tx).await?;
+        tx.commit().await?;
+        return Ok(Outcome::Applied(amount));
+    }}
+    let row: Option<(String, i64)> = sqlx::query_as("SELECT status, version FROM orders WHERE order_id = $1")
+        .bind(order_id).fetch_optional(&mut *tx).await?;
+    tx.rollback().await?;
+    Ok(match row {{
+        None => Outcome::NotFound,
+        Some((state, _)) if {later}.contains(&state.as_str()) => Outcome::AlreadyDone(state),
+        Some((state, _)) => Outcome::IllegalState(state),
+    }})
+}}
+"#
+    )
+}
+
+const HAND_WRITTEN_PRELUDE: &str = r#"
+#[derive(Debug, PartialEq)]
+pub enum Outcome<T> {
+    Applied(T),
+    AlreadyDone(String),
+    IllegalState(String),
+    NotFound,
+}
+"#;
+
+/// Writes a crate `name` with `items` under `root`; its manifest pins the dependencies of
+/// this workspace (its lock file is copied).
+fn write_crate(
+    root: &Path,
+    name: &str,
+    prelude: &str,
+    items: impl Iterator<Item = String>,
+) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let idem = env!("CARGO_MANIFEST_DIR");
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            r#"[package]
+name = "{name}"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+idem = {{ path = "{idem}", default-features = false, features = ["postgres"] }}
+sqlx = {{ version = "0.8.6", default-features = false, features = ["runtime-tokio", "postgres"] }}
+
+[workspace]
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::copy(Path::new(idem).join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let mut source =
+        String::from("#![allow(dead_code)]\nuse sqlx::{PgPool, Postgres, Transaction};\n");
+    source.push_str(prelude);
+    for item in items {
+        source.push_str(&item);
+    }
+    std::fs::write(dir.join("src/lib.rs"), source).unwrap();
+    dir
+}
+
+/// `cargo check` of the crate in `dir`, after touching its source; how long it took.
+fn check(dir: &Path, target: &Path) -> Duration {
+    let lib = dir.join("src/lib.rs");
+    let source = std::fs::read(&lib).unwrap();
+    std::fs::write(&lib, source).unwrap();
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO"))
+        .args(["check", "--quiet", "--offline", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target)
+        .status()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(status.success(), "cargo check failed in {}", dir.display());
+    took
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn main() {
+    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-compile-bench");
+    let target = root.join("target");
+    let with_idem = write_crate(
+        &root,
+        "handlers_idem",
+        MACHINE,
+        (0..HANDLERS).map(annotated),
+    );
+    let by_hand = write_crate(
+        &root,
+        "handlers_by_hand",
+        HAND_WRITTEN_PRELUDE,
+        (0..HANDLERS).map(hand_written),
+    );
+    eprintln!("checking the dependencies once…");
+    check(&with_idem, &target);
+    check(&by_hand, &target);
+
+    let (mut idem_times, mut hand_times) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which goes first, so drift hits both.
+        if round % 2 == 0 {
+            idem_times.push(check(&with_idem, &target));
+            hand_times.push(check(&by_hand, &target));
+        } else {
+            hand_times.push(check(&by_hand, &target));
+            idem_times.push(check(&with_idem, &target));
+        }
+    }
+    let (idem, hand) = (median(idem_times.clone()), median(hand_times.clone()));
+    println!(
+        "`cargo check` of {HANDLERS} handlers, median of {rounds} (after touching the source):\n"
+    );
+    println!("| crate | median | all runs |");
+    println!("|---|---:|---|");
+    for (name, median, runs) in [
+        ("`#[idempotent]` handlers", idem, &idem_times),
+        ("hand-written handlers", hand, &hand_times),
+    ] {
+        let runs: Vec<String> = runs
+            .iter()
+            .map(|d| format!("{:.2}", d.as_secs_f64()))
+            .collect();
+        println!(
+            "| {name} | {:.2} s | {} |",
+            median.as_secs_f64(),
+            runs.join(", ")
+        );
+    }
+    println!(
+        "\nratio {:.2}; {:+.1} ms per handler",
+        idem.as_secs_f64() / hand.as_secs_f64(),
+        (idem.as_secs_f64() - hand.as_secs_f64()) * 1000.0 / HANDLERS as f64
+    );
+}

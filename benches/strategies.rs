@@ -1,0 +1,728 @@
+//! idem against the SQL its users would write by hand, on PostgreSQL and SQLite.
+//!
+//! Five ways to make "pay this order" idempotent (and idem with a stored result), on two
+//! workloads (every key once; every key three times, shuffled), at 1, 8 and 32 concurrent
+//! tasks. Every cell runs each strategy `ROUNDS` times, in a fresh random order per round,
+//! so noise hits all strategies alike; the table shows the median.
+//!
+//! ```sh
+//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench strategies
+//! ```
+//!
+//! Without the URL only SQLite runs; `IDEM_BENCH_SQLITE=0` skips SQLite. `IDEM_BENCH_KEYS`
+//! (default 1000) and `IDEM_BENCH_ROUNDS` (default 5) scale it. The results and the machine are in
+//! BENCHMARKS.md.
+
+#[path = "../tests/common/statement_log.rs"]
+mod statement_log;
+
+use idem::StateMachine;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
+enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Strategy {
+    /// `#[idempotent]`, the body inserts the payment and returns `()` (nothing stored).
+    Idem,
+    /// The same, returning a receipt number, stored as the first result.
+    IdemStored,
+    /// The floor: conditional UPDATE, the insert if it matched, a classifying SELECT if not.
+    HandWritten,
+    /// The floor on SQLite through a single connection (one writer, no busy waiting).
+    HandWrittenOneConnection,
+    /// By hand, with idem's PostgreSQL statement (the UPDATE that classifies a miss):
+    /// tells the statement's cost from the runtime's.
+    HandWrittenIdemStatement,
+    /// SELECT the state, insert and UPDATE if it was CREATED: not idempotent.
+    CheckThenAct,
+    /// SELECT … FOR UPDATE (SQLite: BEGIN IMMEDIATE, then SELECT), then insert and UPDATE.
+    ForUpdate,
+    /// INSERT the key into a dedup table ON CONFLICT DO NOTHING, then insert and UPDATE.
+    DedupTable,
+}
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::Idem => "idem",
+            Strategy::IdemStored => "idem, result stored",
+            Strategy::HandWritten => "hand-written (floor)",
+            Strategy::HandWrittenOneConnection => "hand-written, 1 connection",
+            Strategy::HandWrittenIdemStatement => "hand-written, idem's statement",
+            Strategy::CheckThenAct => "check-then-act",
+            Strategy::ForUpdate => "SELECT … FOR UPDATE",
+            Strategy::DedupTable => "dedup table",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Workload {
+    Unique,
+    Duplicates,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Unique => "every key once",
+            Workload::Duplicates => "every key 3×, shuffled",
+        }
+    }
+
+    /// The keys in delivery order (seeded: every strategy gets the same sequence).
+    fn keys(self, keys: i64, seed: u64) -> Vec<i64> {
+        let copies = match self {
+            Workload::Unique => 1,
+            Workload::Duplicates => 3,
+        };
+        let mut all: Vec<i64> = (1..=keys)
+            .flat_map(|k| std::iter::repeat_n(k, copies))
+            .collect();
+        all.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        all
+    }
+}
+
+/// One timed run.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    ops_per_sec: f64,
+    duplicate_effects: i64,
+    errors: u64,
+}
+
+/// Statements per operation (BEGIN, COMMIT and ROLLBACK not counted).
+#[derive(Debug, Clone, Copy, Default)]
+struct Statements {
+    first: f64,
+    duplicate: f64,
+}
+
+const TABLES_POSTGRES: &str = "
+    DROP TABLE IF EXISTS orders, payments, processed;
+    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0);
+    CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
+    CREATE TABLE processed (key TEXT PRIMARY KEY);
+";
+
+const TABLES_SQLITE: &str = "
+    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0);
+    CREATE TABLE payments (id INTEGER PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
+    CREATE TABLE processed (key TEXT PRIMARY KEY);
+";
+
+const PAYMENT: &str = "INSERT INTO payments (order_id, amount) VALUES ($1, 100)";
+const MARK_PAID: &str =
+    "UPDATE orders SET status = 'PAID', version = version + 1 WHERE order_id = $1";
+
+macro_rules! backend {
+    ($module:ident, $db:ty, begin_write = $begin_write:expr, lock = $lock:expr, reset = $reset:expr) => {
+        mod $module {
+            use super::*;
+            use sqlx::{Pool, Transaction};
+
+            pub type P = Pool<$db>;
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay(tx: &mut Transaction<'_, $db>, order_id: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay_stored(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+            ) -> Result<i64, sqlx::Error> {
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(order_id * 100)
+            }
+
+            /// A write transaction as a careful hand-writer opens it.
+            async fn begin_write(pool: &P) -> Result<Transaction<'static, $db>, sqlx::Error> {
+                match $begin_write {
+                    Some(statement) => pool.begin_with(statement).await,
+                    None => pool.begin().await,
+                }
+            }
+
+            async fn hand_written(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let mut tx = begin_write(pool).await?;
+                let updated = sqlx::query(
+                    "UPDATE orders SET status = 'PAID', version = version + 1 \
+                     WHERE order_id = $1 AND status = 'CREATED'",
+                )
+                .bind(order_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if updated == 1 {
+                    sqlx::query(PAYMENT)
+                        .bind(order_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    return Ok(true);
+                }
+                // Tell a duplicate from a missing or misplaced row.
+                let state: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                        .bind(order_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                tx.rollback().await?;
+                assert_eq!(state.as_deref(), Some("PAID"));
+                Ok(false)
+            }
+
+            async fn idem_statement(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                type Observed = (
+                    Option<i64>,
+                    i64,
+                    Option<String>,
+                    Option<i64>,
+                    Option<String>,
+                );
+                let mut tx = begin_write(pool).await?;
+                loop {
+                    let row: Observed = sqlx::query_as(Order::IDEM_SQL.postgres.transition)
+                        .bind(order_id)
+                        .bind("CREATED")
+                        .bind("PAID")
+                        .bind("Order")
+                        .bind(order_id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if row.0.is_some() {
+                        sqlx::query(PAYMENT)
+                            .bind(order_id)
+                            .execute(&mut *tx)
+                            .await?;
+                        tx.commit().await?;
+                        return Ok(true);
+                    }
+                    // Still CREATED in this statement's snapshot: a concurrent payment
+                    // committed after it began; ask again, as idem does.
+                    if row.2.as_deref() == Some("PAID") {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                }
+            }
+
+            async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let mut tx = pool.begin().await?;
+                let state: Option<String> =
+                    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                        .bind(order_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                if state.as_deref() != Some("CREATED") {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(MARK_PAID)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn for_update(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let mut tx = begin_write(pool).await?;
+                let state: Option<String> = sqlx::query_scalar($lock)
+                    .bind(order_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if state.as_deref() != Some("CREATED") {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(MARK_PAID)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn dedup_table(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let mut tx = begin_write(pool).await?;
+                let first =
+                    sqlx::query("INSERT INTO processed (key) VALUES ($1) ON CONFLICT DO NOTHING")
+                        .bind(format!("pay:{order_id}"))
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        == 1;
+                if !first {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(MARK_PAID)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            /// One operation: `true` if it applied.
+            pub async fn op(strategy: Strategy, pool: &P, order_id: i64) -> Result<bool, String> {
+                let applied = match strategy {
+                    Strategy::Idem => pay(pool, order_id)
+                        .await
+                        .map(|o| o.is_applied())
+                        .map_err(|e| e.to_string()),
+                    Strategy::IdemStored => pay_stored(pool, order_id)
+                        .await
+                        .map(|o| o.is_applied())
+                        .map_err(|e| e.to_string()),
+                    Strategy::HandWritten | Strategy::HandWrittenOneConnection => {
+                        hand_written(pool, order_id)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                    Strategy::HandWrittenIdemStatement => idem_statement(pool, order_id)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Strategy::CheckThenAct => check_then_act(pool, order_id)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Strategy::ForUpdate => {
+                        for_update(pool, order_id).await.map_err(|e| e.to_string())
+                    }
+                    Strategy::DedupTable => {
+                        dedup_table(pool, order_id).await.map_err(|e| e.to_string())
+                    }
+                };
+                applied
+            }
+
+            /// Fresh tables with `keys` orders in CREATED.
+            pub async fn reset(pool: &P, keys: i64) {
+                for statement in $reset {
+                    sqlx::query(statement)
+                        .bind(keys)
+                        .execute(pool)
+                        .await
+                        .unwrap();
+                }
+            }
+
+            /// Payments beyond one per order: effects a duplicate delivery repeated.
+            pub async fn duplicate_effects(pool: &P) -> i64 {
+                sqlx::query_scalar("SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM payments")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+
+            /// Runs `keys` through `strategy` on `tasks` concurrent tasks.
+            pub async fn timed(
+                pool: &P,
+                strategy: Strategy,
+                keys: Arc<Vec<i64>>,
+                tasks: usize,
+            ) -> Run {
+                let next = Arc::new(AtomicUsize::new(0));
+                let errors = Arc::new(AtomicU64::new(0));
+                let started = Instant::now();
+                let workers: Vec<_> = (0..tasks)
+                    .map(|_| {
+                        let (pool, keys, next, errors) =
+                            (pool.clone(), keys.clone(), next.clone(), errors.clone());
+                        tokio::spawn(async move {
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(&key) = keys.get(i) else { break };
+                                if op(strategy, &pool, key).await.is_err() {
+                                    errors.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for worker in workers {
+                    worker.await.unwrap();
+                }
+                let elapsed = started.elapsed();
+                Run {
+                    ops_per_sec: keys.len() as f64 / elapsed.as_secs_f64(),
+                    duplicate_effects: duplicate_effects(pool).await,
+                    errors: errors.load(Ordering::Relaxed),
+                }
+            }
+
+            /// Statements per first delivery and per duplicate, from sqlx's statement log.
+            pub async fn statements(pool: &P, strategy: Strategy) -> Statements {
+                const N: i64 = 50;
+                reset(pool, N).await;
+                let mut per = [0.0; 2];
+                for pass in 0..2 {
+                    statement_log::take_log();
+                    for key in 1..=N {
+                        op(strategy, pool, key).await.unwrap();
+                    }
+                    let log = statement_log::take_log();
+                    per[pass] = statement_log::inside_transaction(&log).len() as f64 / N as f64;
+                }
+                Statements {
+                    first: per[0],
+                    duplicate: per[1],
+                }
+            }
+        }
+    };
+}
+
+backend!(
+    postgres,
+    sqlx::Postgres,
+    begin_write = None::<&'static str>,
+    lock = "SELECT status FROM orders WHERE order_id = $1 FOR UPDATE",
+    reset = [
+        "TRUNCATE orders, payments, processed, idem_results",
+        "INSERT INTO orders (order_id, status) SELECT g, 'CREATED' FROM generate_series(1, $1) g",
+    ]
+);
+
+backend!(
+    sqlite,
+    sqlx::Sqlite,
+    begin_write = Some("BEGIN IMMEDIATE"),
+    lock = "SELECT status FROM orders WHERE order_id = $1",
+    reset = [
+        "DELETE FROM orders WHERE $1 IS NOT NULL",
+        "DELETE FROM payments WHERE $1 IS NOT NULL",
+        "DELETE FROM processed WHERE $1 IS NOT NULL",
+        "DELETE FROM idem_results WHERE $1 IS NOT NULL",
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $1) \
+         INSERT INTO orders (order_id, status) SELECT n, 'CREATED' FROM g",
+    ]
+);
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const TASKS: [usize; 3] = [1, 8, 32];
+const WORKLOADS: [Workload; 2] = [Workload::Unique, Workload::Duplicates];
+
+/// Every run of every cell: (workload, tasks, strategy) → runs.
+type Results = BTreeMap<(Workload, usize, Strategy), Vec<Run>>;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+fn report(
+    backend: &str,
+    strategies: &[Strategy],
+    results: &Results,
+    statements: &BTreeMap<Strategy, Statements>,
+    keys: usize,
+) {
+    println!("\n### {backend}\n");
+    for workload in WORKLOADS {
+        let ops = keys * if workload == Workload::Unique { 1 } else { 3 };
+        println!("**{}** ({ops} operations per run)\n", workload.name());
+        println!(
+            "| strategy | tasks | ops/s (median) | ratio to floor (median, min–max) | statements/op | duplicate effects (max per run) | errors |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for tasks in TASKS {
+            let floor = &results[&(workload, tasks, Strategy::HandWritten)];
+            for &strategy in strategies {
+                let runs = &results[&(workload, tasks, strategy)];
+                let ops = median(runs.iter().map(|r| r.ops_per_sec).collect());
+                // Paired by round: each round ran the strategy and the floor back to back.
+                let ratios: Vec<f64> = runs
+                    .iter()
+                    .zip(floor)
+                    .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
+                    .collect();
+                let (low, high) = ratios
+                    .iter()
+                    .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+                let ratio = median(ratios);
+                let s = statements[&strategy];
+                let per_op = match workload {
+                    Workload::Unique => s.first,
+                    // One first delivery and two duplicates per key.
+                    Workload::Duplicates => (s.first + 2.0 * s.duplicate) / 3.0,
+                };
+                let duplicates = runs.iter().map(|r| r.duplicate_effects).max().unwrap();
+                let errors: u64 = runs.iter().map(|r| r.errors).max().unwrap();
+                println!(
+                    "| {} | {tasks} | {ops:.0} | {ratio:.2} ({low:.2}–{high:.2}) | {per_op:.2} | {duplicates} | {errors} |",
+                    strategy.name(),
+                );
+            }
+        }
+        println!();
+    }
+    println!(
+        "Statements per operation (first delivery / duplicate), BEGIN/COMMIT/ROLLBACK not counted:\n"
+    );
+    for &strategy in strategies {
+        let s = statements[&strategy];
+        println!("- {}: {:.2} / {:.2}", strategy.name(), s.first, s.duplicate);
+    }
+}
+
+/// The cells of one backend, interleaved: in each round, each cell runs every strategy once,
+/// in a fresh random order.
+async fn measure<P, Reset, Timed>(
+    strategies: &[Strategy],
+    keys: usize,
+    rounds: usize,
+    pool_for: impl Fn(Strategy, usize) -> P,
+    reset: Reset,
+    timed: Timed,
+) -> Results
+where
+    Reset: AsyncFn(&P, i64),
+    Timed: AsyncFn(&P, Strategy, Arc<Vec<i64>>, usize) -> Run,
+{
+    let mut results = Results::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // A warm-up round, not recorded: every pooled connection opened and every statement
+    // prepared on it, as in a service that has been running for a while.
+    for tasks in TASKS {
+        let sequence = Arc::new(Workload::Duplicates.keys(keys.min(500) as i64, 99));
+        for &strategy in strategies {
+            let pool = pool_for(strategy, tasks);
+            reset(&pool, keys as i64).await;
+            timed(&pool, strategy, sequence.clone(), tasks).await;
+        }
+    }
+    for round in 0..rounds {
+        for workload in WORKLOADS {
+            let sequence = Arc::new(workload.keys(keys as i64, round as u64));
+            for tasks in TASKS {
+                let mut order = strategies.to_vec();
+                order.shuffle(&mut rng);
+                for strategy in order {
+                    let pool = pool_for(strategy, tasks);
+                    reset(&pool, keys as i64).await;
+                    let run = timed(&pool, strategy, sequence.clone(), tasks).await;
+                    results
+                        .entry((workload, tasks, strategy))
+                        .or_default()
+                        .push(run);
+                }
+            }
+        }
+        eprintln!("round {} of {rounds} done", round + 1);
+    }
+    results
+}
+
+/// Runs `f` with sqlx's statement log recording (the timed runs run without it). The log
+/// is process-wide: SQLite runs its statements on threads of its own.
+fn with_statement_log<T>(f: impl AsyncFnOnce() -> T) -> T {
+    statement_log::set_recording(true);
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f());
+    statement_log::set_recording(false);
+    statement_log::take_log();
+    result
+}
+
+fn main() {
+    let keys = env_number("IDEM_BENCH_KEYS", 1000);
+    let rounds = env_number("IDEM_BENCH_ROUNDS", 5);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::set_global_default(statement_log::StatementLog).unwrap();
+    statement_log::set_recording(false);
+    println!(
+        "{keys} keys, {rounds} rounds, tasks {TASKS:?}; {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    if let Some(url) = std::env::var("IDEM_BENCH_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        let strategies = [
+            Strategy::Idem,
+            Strategy::IdemStored,
+            Strategy::HandWritten,
+            Strategy::HandWrittenIdemStatement,
+            Strategy::CheckThenAct,
+            Strategy::ForUpdate,
+            Strategy::DedupTable,
+        ];
+        let connect = |max: u32| {
+            let url = url.clone();
+            async move {
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(max)
+                    .min_connections(max)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            sqlx::Executor::execute(conn, "SET search_path TO idem_bench").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(&url)
+                    .await
+                    .unwrap()
+            }
+        };
+        runtime.block_on(async {
+            let admin = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::raw_sql("DROP SCHEMA IF EXISTS idem_bench CASCADE; CREATE SCHEMA idem_bench")
+                .execute(&admin)
+                .await
+                .unwrap();
+            let pool = connect(1).await;
+            sqlx::raw_sql(TABLES_POSTGRES).execute(&pool).await.unwrap();
+            idem::migrate(&pool).await.unwrap();
+        });
+        let statements = with_statement_log(async || {
+            let pool = connect(1).await;
+            let mut all = BTreeMap::new();
+            for s in strategies {
+                all.insert(s, postgres::statements(&pool, s).await);
+            }
+            all
+        });
+        let pools: BTreeMap<usize, postgres::P> = runtime.block_on(async {
+            let mut pools = BTreeMap::new();
+            for tasks in TASKS {
+                pools.insert(tasks, connect(tasks as u32).await);
+            }
+            pools
+        });
+        let results = runtime.block_on(measure(
+            &strategies,
+            keys,
+            rounds,
+            |_, tasks| pools[&tasks].clone(),
+            postgres::reset,
+            postgres::timed,
+        ));
+        report("PostgreSQL", &strategies, &results, &statements, keys);
+    } else {
+        eprintln!("PostgreSQL skipped: set IDEM_BENCH_POSTGRES_URL");
+    }
+    if std::env::var("IDEM_BENCH_SQLITE").is_ok_and(|v| v == "0") {
+        return;
+    }
+
+    let strategies = [
+        Strategy::Idem,
+        Strategy::IdemStored,
+        Strategy::HandWritten,
+        Strategy::HandWrittenOneConnection,
+        Strategy::CheckThenAct,
+        Strategy::ForUpdate,
+        Strategy::DedupTable,
+    ];
+    let path = std::env::temp_dir().join("idem-bench.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let url = format!("sqlite:{}", path.display());
+    let connect = |max: u32| {
+        let url = url.clone();
+        async move {
+            sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(max)
+                .min_connections(max)
+                .connect_with(idem::sqlite_options(&url).unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    runtime.block_on(async {
+        let pool = connect(1).await;
+        sqlx::raw_sql(TABLES_SQLITE).execute(&pool).await.unwrap();
+        idem::migrate(&pool).await.unwrap();
+    });
+    let statements = with_statement_log(async || {
+        let pool = connect(1).await;
+        let mut all = BTreeMap::new();
+        for s in strategies {
+            all.insert(s, sqlite::statements(&pool, s).await);
+        }
+        all
+    });
+    // Eight pooled connections (idem queues its writers on them); one for the single-writer
+    // variant of the floor.
+    let (pooled, single) = runtime.block_on(async { (connect(8).await, connect(1).await) });
+    let results = runtime.block_on(measure(
+        &strategies,
+        keys,
+        rounds,
+        |strategy, _| match strategy {
+            Strategy::HandWrittenOneConnection => single.clone(),
+            _ => pooled.clone(),
+        },
+        sqlite::reset,
+        sqlite::timed,
+    ));
+    report(
+        "SQLite (a file, WAL)",
+        &strategies,
+        &results,
+        &statements,
+        keys,
+    );
+}
