@@ -25,6 +25,8 @@ const TRANSITIONS: [(&str, &str, &str); 3] = [
 ];
 
 const MACHINE: &str = r#"
+use sqlx::{Postgres, Transaction};
+
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "orders", key = "order_id", state = "status")]
 pub enum Order {
@@ -93,6 +95,8 @@ pub async fn {verb}_{n}(pool: &PgPool, order_id: i64, amount: i64) -> Result<Out
 }
 
 const HAND_WRITTEN_PRELUDE: &str = r#"
+use sqlx::PgPool;
+
 #[derive(Debug, PartialEq)]
 pub enum Outcome<T> {
     Applied(T),
@@ -148,10 +152,14 @@ fn check(dir: &Path, target: &Path) -> Duration {
     let source = std::fs::read(&lib).unwrap();
     std::fs::write(&lib, source).unwrap();
     let started = Instant::now();
-    let status = Command::new(env!("CARGO"))
+    // The toolchain this was built with, not whatever a `rust-toolchain` file in a
+    // dependency's directory would select through rustup's proxies.
+    let cargo = Path::new(env!("CARGO"));
+    let status = Command::new(cargo)
         .args(["check", "--quiet", "--offline", "--manifest-path"])
         .arg(dir.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", target)
+        .env("RUSTC", cargo.with_file_name("rustc"))
         .status()
         .unwrap();
     let took = started.elapsed();

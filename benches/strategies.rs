@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Without the URL only SQLite runs; `IDEM_BENCH_SQLITE=0` skips SQLite. `IDEM_BENCH_KEYS`
-//! (default 1000) and `IDEM_BENCH_ROUNDS` (default 5) scale it. The results and the machine are in
+//! (default 1000) and `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_STRATEGIES`
+//! (e.g. `idem,dedup`) runs only some strategies, with the floor. The results and the machine are in
 //! BENCHMARKS.md.
 
 #[path = "../tests/common/statement_log.rs"]
@@ -48,8 +49,9 @@ enum Strategy {
     HandWritten,
     /// The floor on SQLite through a single connection (one writer, no busy waiting).
     HandWrittenOneConnection,
-    /// By hand, with idem's PostgreSQL statement (the UPDATE that classifies a miss):
-    /// tells the statement's cost from the runtime's.
+    /// By hand, with idem's statements (PostgreSQL: the UPDATE that classifies a miss;
+    /// SQLite: the UPDATE and idem's classifying read): tells the statements' cost from the
+    /// runtime's.
     HandWrittenIdemStatement,
     /// SELECT the state, insert and UPDATE if it was CREATED: not idempotent.
     CheckThenAct,
@@ -60,6 +62,20 @@ enum Strategy {
 }
 
 impl Strategy {
+    /// The name `IDEM_BENCH_STRATEGIES` selects it by.
+    fn short(self) -> &'static str {
+        match self {
+            Strategy::Idem => "idem",
+            Strategy::IdemStored => "idem-stored",
+            Strategy::HandWritten => "floor",
+            Strategy::HandWrittenOneConnection => "floor-1",
+            Strategy::HandWrittenIdemStatement => "idem-statement",
+            Strategy::CheckThenAct => "check-then-act",
+            Strategy::ForUpdate => "for-update",
+            Strategy::DedupTable => "dedup",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Strategy::Idem => "idem",
@@ -200,7 +216,44 @@ macro_rules! backend {
                 Ok(false)
             }
 
+            /// idem's SQLite statements, by hand: the UPDATE, and idem's classifying read
+            /// on a miss.
+            async fn idem_update(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let sql = Order::IDEM_SQL.sqlite;
+                let mut tx = begin_write(pool).await?;
+                let updated = sqlx::query(sql.update)
+                    .bind(order_id)
+                    .bind("CREATED")
+                    .bind("PAID")
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if updated == 1 {
+                    sqlx::query(PAYMENT)
+                        .bind(order_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    return Ok(true);
+                }
+                let row: (i64, Option<String>, Option<i64>, Option<String>) =
+                    sqlx::query_as(sql.classify)
+                        .bind(order_id)
+                        .bind("CREATED")
+                        .bind("PAID")
+                        .bind("Order")
+                        .bind(order_id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                tx.rollback().await?;
+                assert_eq!(row.1.as_deref(), Some("PAID"));
+                Ok(false)
+            }
+
             async fn idem_statement(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                if $begin_write.is_some() {
+                    return idem_update(pool, order_id).await;
+                }
                 type Observed = (
                     Option<i64>,
                     i64,
@@ -235,17 +288,29 @@ macro_rules! backend {
                 }
             }
 
-            async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                let mut tx = pool.begin().await?;
-                let state: Option<String> =
-                    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
-                        .bind(order_id)
-                        .fetch_optional(&mut *tx)
-                        .await?;
+            /// Reads the state (`read`: plain or locking), then pays and marks the order if it
+            /// was CREATED.
+            async fn read_then_act(
+                mut tx: Transaction<'static, $db>,
+                read: &'static str,
+                order_id: i64,
+            ) -> Result<bool, sqlx::Error> {
+                let state: Option<String> = sqlx::query_scalar(read)
+                    .bind(order_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
                 if state.as_deref() != Some("CREATED") {
                     tx.rollback().await?;
                     return Ok(false);
                 }
+                pay_and_mark(tx, order_id).await
+            }
+
+            /// The effect and the state change, committed.
+            async fn pay_and_mark(
+                mut tx: Transaction<'static, $db>,
+                order_id: i64,
+            ) -> Result<bool, sqlx::Error> {
                 sqlx::query(PAYMENT)
                     .bind(order_id)
                     .execute(&mut *tx)
@@ -258,26 +323,13 @@ macro_rules! backend {
                 Ok(true)
             }
 
+            async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let read = "SELECT status FROM orders WHERE order_id = $1";
+                read_then_act(pool.begin().await?, read, order_id).await
+            }
+
             async fn for_update(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                let mut tx = begin_write(pool).await?;
-                let state: Option<String> = sqlx::query_scalar($lock)
-                    .bind(order_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if state.as_deref() != Some("CREATED") {
-                    tx.rollback().await?;
-                    return Ok(false);
-                }
-                sqlx::query(PAYMENT)
-                    .bind(order_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(MARK_PAID)
-                    .bind(order_id)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(true)
+                read_then_act(begin_write(pool).await?, $lock, order_id).await
             }
 
             async fn dedup_table(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
@@ -293,16 +345,7 @@ macro_rules! backend {
                     tx.rollback().await?;
                     return Ok(false);
                 }
-                sqlx::query(PAYMENT)
-                    .bind(order_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(MARK_PAID)
-                    .bind(order_id)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok(true)
+                pay_and_mark(tx, order_id).await
             }
 
             /// One operation: `true` if it applied.
@@ -448,6 +491,19 @@ fn env_number(name: &str, default: usize) -> usize {
 }
 
 const TASKS: [usize; 3] = [1, 8, 32];
+
+/// `all`, less those `IDEM_BENCH_STRATEGIES` (short names, comma-separated) leaves out; the
+/// floor always runs: every ratio is to it.
+fn selected(all: &[Strategy]) -> Vec<Strategy> {
+    let Ok(only) = std::env::var("IDEM_BENCH_STRATEGIES") else {
+        return all.to_vec();
+    };
+    let only: Vec<&str> = only.split(',').map(str::trim).collect();
+    all.iter()
+        .copied()
+        .filter(|s| *s == Strategy::HandWritten || only.contains(&s.short()))
+        .collect()
+}
 const WORKLOADS: [Workload; 2] = [Workload::Unique, Workload::Duplicates];
 
 /// Every run of every cell: (workload, tasks, strategy) → runs.
@@ -599,7 +655,7 @@ fn main() {
         .ok()
         .filter(|u| !u.is_empty())
     {
-        let strategies = [
+        let strategies = selected(&[
             Strategy::Idem,
             Strategy::IdemStored,
             Strategy::HandWritten,
@@ -607,7 +663,7 @@ fn main() {
             Strategy::CheckThenAct,
             Strategy::ForUpdate,
             Strategy::DedupTable,
-        ];
+        ]);
         let connect = |max: u32| {
             let url = url.clone();
             async move {
@@ -638,7 +694,7 @@ fn main() {
         let statements = with_statement_log(async || {
             let pool = connect(1).await;
             let mut all = BTreeMap::new();
-            for s in strategies {
+            for &s in &strategies {
                 all.insert(s, postgres::statements(&pool, s).await);
             }
             all
@@ -666,15 +722,16 @@ fn main() {
         return;
     }
 
-    let strategies = [
+    let strategies = selected(&[
         Strategy::Idem,
         Strategy::IdemStored,
         Strategy::HandWritten,
         Strategy::HandWrittenOneConnection,
+        Strategy::HandWrittenIdemStatement,
         Strategy::CheckThenAct,
         Strategy::ForUpdate,
         Strategy::DedupTable,
-    ];
+    ]);
     let path = std::env::temp_dir().join("idem-bench.db");
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -699,7 +756,7 @@ fn main() {
     let statements = with_statement_log(async || {
         let pool = connect(1).await;
         let mut all = BTreeMap::new();
-        for s in strategies {
+        for &s in &strategies {
             all.insert(s, sqlite::statements(&pool, s).await);
         }
         all

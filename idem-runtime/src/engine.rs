@@ -350,13 +350,13 @@ async fn attempt<DB: Backend>(
             .then(|| observed(record)));
     }
     let updated = match call.expected_version {
-        None => DB::fetch(conn, sql.update, &[key, from, to]).await?,
+        None => DB::execute(conn, sql.update, &[key, from, to]).await?,
         Some(v) => {
             let params = [key, from, to, Param::Int(v)];
-            DB::fetch(conn, sql.update_guarded, &params).await?
+            DB::execute(conn, sql.update_guarded, &params).await?
         }
     };
-    if updated.is_some() {
+    if updated > 0 {
         return Ok(None);
     }
     let params = [key, from, to, machine, key_text];

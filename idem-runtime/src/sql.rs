@@ -29,14 +29,13 @@ pub struct MachineSql {
 pub struct Statements {
     /// Attempts the transition. On PostgreSQL it also returns the current row and the
     /// stored first result when nothing was updated (columns `applied_version`, `found`,
-    /// `current_state`, `current_version`, `first_result`); on SQLite it returns the new
-    /// version of an updated row (`applied_version`) and nothing otherwise.
+    /// `current_state`, `current_version`, `first_result`); on SQLite it is
+    /// [`update`](Self::update).
     pub transition: &'static str,
     /// [`transition`](Self::transition) with the optimistic-locking guard `version = $n`.
     pub transition_guarded: &'static str,
-    /// The conditional UPDATE alone: returns the new version of an updated row
-    /// (`applied_version`) and nothing otherwise; [`classify`](Self::classify) follows a
-    /// miss. On SQLite the same as `transition`; on PostgreSQL used while misses are rare
+    /// The conditional UPDATE alone (idem reads how many rows it changed);
+    /// [`classify`](Self::classify) follows a miss. On SQLite the same as `transition`; on PostgreSQL used while misses are rare
     /// (see [`Classification`](crate::Classification)).
     pub update: &'static str,
     /// [`update`](Self::update) with the optimistic-locking guard `version = $4`.
