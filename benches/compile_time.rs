@@ -136,8 +136,7 @@ sqlx = {{ version = "0.8.6", default-features = false, features = ["runtime-toki
     )
     .unwrap();
     std::fs::copy(Path::new(idem).join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-    let mut source =
-        String::from("#![allow(dead_code)]\nuse sqlx::{PgPool, Postgres, Transaction};\n");
+    let mut source = String::from("#![allow(dead_code)]\n");
     source.push_str(prelude);
     for item in items {
         source.push_str(&item);

@@ -76,11 +76,11 @@
 //!
 //! ## What runs
 //!
-//! On PostgreSQL, one statement after `BEGIN` attempts the transition and, if it matched
-//! nothing, reports the row and the stored first result; on SQLite, `BEGIN IMMEDIATE`, an
-//! `UPDATE … RETURNING` and, only when it matched nothing, a classifying `SELECT`. The
-//! exact text is on the machine's [`Definition::sql`] and in the rustdoc the derive writes
-//! on the enum.
+//! After `BEGIN` (`BEGIN IMMEDIATE` on SQLite), one conditional `UPDATE` and, only when it
+//! matched nothing, a classifying `SELECT` that reads the row and the stored first result.
+//! On PostgreSQL, while most recent calls of a transition miss (duplicates), one statement
+//! does both (see [`Classification`]). The exact text is on the machine's
+//! [`Definition::sql`] and in the rustdoc the derive writes on the enum.
 
 #![warn(missing_docs)]
 

@@ -1,27 +1,26 @@
 //! How a transition that matched no row is classified on PostgreSQL: in the same statement,
 //! or by a second one.
-//!
-//! PostgreSQL can attempt a transition and, if it matched nothing, report the row and its
-//! stored first result in **one** statement (`WITH upd AS (UPDATE …) SELECT … WHERE NOT
-//! EXISTS (SELECT FROM upd)`). That saves a round trip on every duplicate, but the
-//! statement is heavier to execute than a plain `UPDATE … RETURNING` even when the
-//! transition applies (measured on a 2-core PostgreSQL 15: about 6–12 % more server time
-//! per applied call; see BENCHMARKS.md). The plain UPDATE followed, only on a miss, by a
-//! classifying SELECT is what a careful hand-writer does: cheapest when misses are rare, one
-//! round trip more per miss.
-//!
-//! By default idem lets the workload decide, per transition: it keeps a moving average of
-//! how often recent calls missed (duplicates, illegal states, not found, stale versions)
-//! and uses the one-statement form while more than half did. A process that knows its
-//! workload can pin either form with [`set_postgres_classification`]. Both forms return
-//! the same outcomes; SQLite always uses the plain UPDATE (its statements cost no round
-//! trip).
 
 use crate::transition::Transition;
 use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 
-/// How idem classifies a PostgreSQL transition that matched no row; see the
-/// [module](self) documentation.
+/// How idem classifies a PostgreSQL transition that matched no row.
+///
+/// PostgreSQL can attempt a transition and, if it matched nothing, report the row and its
+/// stored first result in **one** statement (`WITH upd AS (UPDATE …) SELECT … WHERE NOT
+/// EXISTS (SELECT FROM upd)`). That saves a round trip on every duplicate, but the
+/// statement is heavier to execute than a plain `UPDATE` even when the
+/// transition applies (measured on a 2-core PostgreSQL 15: about 6–12 % more server time
+/// per applied call; see BENCHMARKS.md). The plain UPDATE followed, only on a miss, by a
+/// classifying SELECT is what a careful hand-writer does: cheapest when misses are rare, one
+/// round trip more per miss.
+///
+/// By default idem lets the workload decide, per transition: it keeps a moving average of
+/// how often recent calls missed (duplicates, illegal states, not found, stale versions)
+/// and uses the one-statement form while more than half did. A process that knows its
+/// workload can pin either form with [`set_postgres_classification`]. Both forms return
+/// the same outcomes; SQLite always uses the plain UPDATE (its statements cost no round
+/// trip).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Classification {
     /// The one-statement form while more than half of the transition's recent calls
