@@ -13,7 +13,8 @@
 //! order of the group explains what the database did: each delivery's outcome, and the
 //! state after the group. Every order is tried.
 //!
-//! SQLite (a file, four connections) always runs; PostgreSQL when configured. Failing
+//! SQLite (a file, four connections) always runs; PostgreSQL when configured, with each of
+//! its classification forms (`idem::Classification`). Failing
 //! schedules are shrunk by proptest and saved in `tests/model.regressions`, which is
 //! replayed first on every run; cases worth keeping are also written out below as plain
 //! tests. `PROPTEST_CASES` sets how many schedules run (48 by default).
@@ -665,9 +666,19 @@ proptest! {
         h.runtime.block_on(on_sqlite::run(&h.pool, &schedule))?;
     }
 
+    /// Each schedule runs with one of PostgreSQL's classification forms (the only test in
+    /// this binary they affect): all three must give the model's outcomes.
     #[test]
-    fn postgres_agrees_with_the_model(schedule in schedule()) {
+    fn postgres_agrees_with_the_model(
+        schedule in schedule(),
+        classification in prop_oneof![
+            Just(idem::Classification::Adaptive),
+            Just(idem::Classification::Inline),
+            Just(idem::Classification::OnMiss),
+        ],
+    ) {
         if let Some(h) = postgres() {
+            idem::set_postgres_classification(classification);
             h.runtime.block_on(on_postgres::run(&h.pool, &schedule))?;
         }
     }
