@@ -14,10 +14,10 @@
 //! state after the group. Every order is tried.
 //!
 //! SQLite (a file, four connections) always runs; PostgreSQL when configured, with each of
-//! its classification forms (`idem::Classification`). Failing
-//! schedules are shrunk by proptest and saved in `tests/model.regressions`, which is
-//! replayed first on every run; cases worth keeping are also written out below as plain
-//! tests. `PROPTEST_CASES` sets how many schedules run (48 by default).
+//! its classification forms (`idem::Classification`). Failing schedules are shrunk by
+//! proptest and saved in `tests/model.regressions`, which is replayed first on every run;
+//! cases worth keeping are also written out below as plain tests. `PROPTEST_CASES` sets
+//! how many schedules run (48 by default).
 
 mod common;
 
