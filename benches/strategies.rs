@@ -435,8 +435,20 @@ macro_rules! backend {
                 }
             }
 
+            /// [`statements`] of each strategy.
+            pub async fn statements_of(
+                pool: &P,
+                strategies: &[Strategy],
+            ) -> BTreeMap<Strategy, Statements> {
+                let mut all = BTreeMap::new();
+                for &strategy in strategies {
+                    all.insert(strategy, statements(pool, strategy).await);
+                }
+                all
+            }
+
             /// Statements per first delivery and per duplicate, from sqlx's statement log.
-            pub async fn statements(pool: &P, strategy: Strategy) -> Statements {
+            async fn statements(pool: &P, strategy: Strategy) -> Statements {
                 const N: i64 = 50;
                 reset(pool, N).await;
                 let mut per = [0.0; 2];
@@ -692,12 +704,7 @@ fn main() {
             idem::migrate(&pool).await.unwrap();
         });
         let statements = with_statement_log(async || {
-            let pool = connect(1).await;
-            let mut all = BTreeMap::new();
-            for &s in &strategies {
-                all.insert(s, postgres::statements(&pool, s).await);
-            }
-            all
+            postgres::statements_of(&connect(1).await, &strategies).await
         });
         let pools: BTreeMap<usize, postgres::P> = runtime.block_on(async {
             let mut pools = BTreeMap::new();
@@ -753,14 +760,8 @@ fn main() {
         sqlx::raw_sql(TABLES_SQLITE).execute(&pool).await.unwrap();
         idem::migrate(&pool).await.unwrap();
     });
-    let statements = with_statement_log(async || {
-        let pool = connect(1).await;
-        let mut all = BTreeMap::new();
-        for &s in &strategies {
-            all.insert(s, sqlite::statements(&pool, s).await);
-        }
-        all
-    });
+    let statements =
+        with_statement_log(async || sqlite::statements_of(&connect(1).await, &strategies).await);
     // Eight pooled connections (idem queues its writers on them); one for the single-writer
     // variant of the floor.
     let (pooled, single) = runtime.block_on(async { (connect(8).await, connect(1).await) });
