@@ -151,7 +151,7 @@ const MARK_PAID: &str =
     "UPDATE orders SET status = 'PAID', version = version + 1 WHERE order_id = $1";
 
 macro_rules! backend {
-    ($module:ident, $db:ty, begin_write = $begin_write:expr, lock = $lock:expr, reset = $reset:expr) => {
+    ($module:ident, $db:ty, sqlite = $sqlite:expr, begin_write = $begin_write:expr, lock = $lock:expr, reset = $reset:expr) => {
         mod $module {
             use super::*;
             use sqlx::{Pool, Transaction};
@@ -187,6 +187,19 @@ macro_rules! backend {
                 }
             }
 
+            /// The effect, committed.
+            async fn pay_and_commit(
+                mut tx: Transaction<'static, $db>,
+                order_id: i64,
+            ) -> Result<bool, sqlx::Error> {
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
             async fn hand_written(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
                 let mut tx = begin_write(pool).await?;
                 let updated = sqlx::query(
@@ -198,12 +211,7 @@ macro_rules! backend {
                 .await?
                 .rows_affected();
                 if updated == 1 {
-                    sqlx::query(PAYMENT)
-                        .bind(order_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    return Ok(true);
+                    return pay_and_commit(tx, order_id).await;
                 }
                 // Tell a duplicate from a missing or misplaced row.
                 let state: Option<String> =
@@ -229,12 +237,7 @@ macro_rules! backend {
                     .await?
                     .rows_affected();
                 if updated == 1 {
-                    sqlx::query(PAYMENT)
-                        .bind(order_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    return Ok(true);
+                    return pay_and_commit(tx, order_id).await;
                 }
                 let row: (i64, Option<String>, Option<i64>, Option<String>) =
                     sqlx::query_as(sql.classify)
@@ -251,7 +254,7 @@ macro_rules! backend {
             }
 
             async fn idem_statement(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                if $begin_write.is_some() {
+                if $sqlite {
                     return idem_update(pool, order_id).await;
                 }
                 type Observed = (
@@ -272,12 +275,7 @@ macro_rules! backend {
                         .fetch_one(&mut *tx)
                         .await?;
                     if row.0.is_some() {
-                        sqlx::query(PAYMENT)
-                            .bind(order_id)
-                            .execute(&mut *tx)
-                            .await?;
-                        tx.commit().await?;
-                        return Ok(true);
+                        return pay_and_commit(tx, order_id).await;
                     }
                     // Still CREATED in this statement's snapshot: a concurrent payment
                     // committed after it began; ask again, as idem does.
@@ -311,16 +309,11 @@ macro_rules! backend {
                 mut tx: Transaction<'static, $db>,
                 order_id: i64,
             ) -> Result<bool, sqlx::Error> {
-                sqlx::query(PAYMENT)
-                    .bind(order_id)
-                    .execute(&mut *tx)
-                    .await?;
                 sqlx::query(MARK_PAID)
                     .bind(order_id)
                     .execute(&mut *tx)
                     .await?;
-                tx.commit().await?;
-                Ok(true)
+                pay_and_commit(tx, order_id).await
             }
 
             async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
@@ -472,6 +465,7 @@ macro_rules! backend {
 backend!(
     postgres,
     sqlx::Postgres,
+    sqlite = false,
     begin_write = None::<&'static str>,
     lock = "SELECT status FROM orders WHERE order_id = $1 FOR UPDATE",
     reset = [
@@ -483,6 +477,7 @@ backend!(
 backend!(
     sqlite,
     sqlx::Sqlite,
+    sqlite = true,
     begin_write = Some("BEGIN IMMEDIATE"),
     lock = "SELECT status FROM orders WHERE order_id = $1",
     reset = [

@@ -127,7 +127,6 @@ async fn try_begin<M, DB: Backend, T, E>(
         };
         match attempt.await {
             Ok((tx, writer, Step::Moved(moved))) => {
-                reached(FaultPoint::Transitioned);
                 return Ok(Ok(Applying {
                     tx,
                     _writer: writer,
@@ -183,12 +182,7 @@ pub async fn transition_in<M, DB: Backend, T, E>(
     expected_version: Option<i64>,
 ) -> Result<Step<T, M>, Error<E>> {
     let key = key.0.map_err(Error::InvalidKey)?;
-    let step =
-        attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await?;
-    if let Step::Moved(_) = step {
-        reached(FaultPoint::Transitioned);
-    }
-    Ok(step)
+    attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await
 }
 
 async fn attempt_in<M, DB: Backend, T, E>(
@@ -207,25 +201,26 @@ async fn attempt_in<M, DB: Backend, T, E>(
     };
     let call = moved.call(expected_version);
     let misses = MissRate::of(&transition);
-    let first = attempt::<DB>(conn, &call, misses.inline()).await?;
-    misses.record(first.is_some());
-    let mut observed = match first {
-        None => return Ok(Step::Moved(moved)),
-        Some(observed) => observed,
-    };
-    for _ in 0..LOST_RACE_ATTEMPTS {
-        let classified = classify(&transition, observed, expected_version);
+    let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
+    misses.record(observed.is_some());
+    let mut asked_again = 0;
+    loop {
+        let Some(row) = observed else {
+            reached(FaultPoint::Transitioned);
+            return Ok(Step::Moved(moved));
+        };
+        let classified = classify(&transition, row, expected_version);
         if classified != Classified::LostRace {
             return outcome(machine, codec, &call, classified).map(Step::Done);
         }
+        if asked_again == LOST_RACE_ATTEMPTS {
+            return Err(corrupt(&call, RowProblem::Unstable));
+        }
         // A concurrent transaction moved the row after this statement's snapshot: try
         // again with a fresh statement (and snapshot, under READ COMMITTED).
-        observed = match attempt::<DB>(conn, &call, misses.inline()).await? {
-            None => return Ok(Step::Moved(moved)),
-            Some(observed) => observed,
-        };
+        asked_again += 1;
+        observed = attempt::<DB>(conn, &call, misses.inline()).await?;
     }
-    Err(corrupt(&call, RowProblem::Unstable))
 }
 
 impl Moved {
