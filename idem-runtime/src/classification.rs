@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 /// stored first result in **one** statement (`WITH upd AS (UPDATE …) SELECT … WHERE NOT
 /// EXISTS (SELECT FROM upd)`). That saves a round trip on every duplicate, but the
 /// statement is heavier to execute than a plain `UPDATE` even when the
-/// transition applies (measured on a 2-core PostgreSQL 15: about 6–12 % more server time
-/// per applied call; see BENCHMARKS.md). The plain UPDATE followed, only on a miss, by a
+/// transition applies (measured on a 2-core PostgreSQL 15: 9–12 % fewer applied
+/// transactions per second; see BENCHMARKS.md). The plain UPDATE followed, only on a miss, by a
 /// classifying SELECT is what a careful hand-writer does: cheapest when misses are rare, one
 /// round trip more per miss.
 ///
