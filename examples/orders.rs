@@ -268,6 +268,9 @@ impl<T> Results<T> {
             Outcome::AlreadyDone { first_result, .. } => {
                 self.replayed.push((order_id, first_result))
             }
+            // Came early (a ship before its pay): in production, nack with a delay and let
+            // the broker redeliver it; the replay below delivers it again.
+            Outcome::NotYet { .. } => {}
             Outcome::IllegalState { current, from, to } => self.refused.push(format!(
                 "order {order_id}: {} → {} refused, the order is {}",
                 from.as_db(),

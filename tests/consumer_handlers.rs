@@ -4,17 +4,19 @@
 mod common;
 
 use idem::inbox::{Delivery, Inbox, MessageKey};
-use idem::{Outcome, StateMachine};
+use idem::{Refusal, StateMachine};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "orders", key = "order_id", state = "status")]
 pub enum Order {
-    #[state(name = "CREATED", to(Paid))]
+    #[state(name = "CREATED", to(Paid, Cancelled))]
     Created,
     #[state(name = "PAID", to(Shipped))]
     Paid,
     #[state(name = "SHIPPED")]
     Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
 }
 
 macro_rules! consumer_tests {
@@ -110,56 +112,93 @@ macro_rules! consumer_tests {
             async fn a_consumer_transition_records_only_what_moved() {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("shipping").unwrap();
-                // Order 1 is not paid yet: the ship message is refused and not recorded...
+                // Order 1 is not paid yet: the ship message came early. It is refused, not
+                // recorded and not acked...
                 let early = MessageKey::business("order:1", "ship").unwrap();
+                let refused = ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
+                    .await
+                    .unwrap();
                 assert_eq!(
-                    ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
-                        .await
-                        .unwrap(),
-                    Delivery::Processed(Outcome::IllegalState {
+                    refused,
+                    Delivery::Refused(Refusal::NotYet {
                         current: Order::Created,
                         from: Order::Paid,
                         to: Order::Shipped
                     })
                 );
+                assert!(!refused.should_ack(), "a message that came early must be redelivered");
+                assert_eq!(records(&pool).await, 0);
                 // ...so once the payment arrives, its redelivery applies.
                 sqlx::query("UPDATE orders SET status = 'PAID' WHERE order_id = 1")
                     .execute(&pool)
                     .await
                     .unwrap();
-                assert_eq!(
-                    ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
-                        .await
-                        .unwrap(),
-                    Delivery::Processed(Outcome::Applied(10))
-                );
-                // A redelivery now replays the recorded outcome.
+                let applied = ship(&pool, &inbox, early.clone(), b"s1".to_vec(), 1)
+                    .await
+                    .unwrap();
+                assert_eq!(applied, Delivery::Processed(10));
+                assert!(applied.should_ack());
+                // A redelivery now replays the first result.
                 assert_eq!(
                     ship(&pool, &inbox, early, b"s1".to_vec(), 1).await.unwrap(),
                     Delivery::Duplicate {
-                        first_result: Some(Outcome::Applied(10))
-                    }
-                );
-                // Another message for an order already shipped is a duplicate transition: recorded.
-                let second = MessageKey::business("order:1", "ship-again").unwrap();
-                assert_eq!(
-                    ship(&pool, &inbox, second.clone(), b"s2".to_vec(), 1)
-                        .await
-                        .unwrap(),
-                    Delivery::Processed(Outcome::AlreadyDone {
-                        current: Order::Shipped,
                         first_result: Some(10)
-                    })
-                );
-                assert!(matches!(
-                    ship(&pool, &inbox, second, b"s2".to_vec(), 1)
-                        .await
-                        .unwrap(),
-                    Delivery::Duplicate {
-                        first_result: Some(Outcome::AlreadyDone { .. })
                     }
-                ));
+                );
+                // Another message for an order already shipped is a duplicate of the
+                // transition: recorded with its first result, replayed now and later.
+                let second = MessageKey::business("order:1", "ship-again").unwrap();
+                for _ in 0..2 {
+                    assert_eq!(
+                        ship(&pool, &inbox, second.clone(), b"s2".to_vec(), 1)
+                            .await
+                            .unwrap(),
+                        Delivery::Duplicate {
+                            first_result: Some(10)
+                        }
+                    );
+                }
                 assert_eq!(effects(&pool, "ship").await, 1);
+                let counters = inbox.counters();
+                assert_eq!(
+                    (counters.applied, counters.duplicates, counters.refused, counters.illegal),
+                    (1, 3, 1, 0),
+                    "{counters:?}"
+                );
+            }
+
+            #[tokio::test]
+            async fn an_illegal_message_is_refused_loudly_and_never_acked() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("UPDATE orders SET status = 'CANCELLED' WHERE order_id = 1")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let inbox = Inbox::new("shipping").unwrap();
+                let key = MessageKey::business("order:1", "ship").unwrap();
+                for _ in 0..2 {
+                    let delivery = ship(&pool, &inbox, key.clone(), b"s".to_vec(), 1)
+                        .await
+                        .unwrap();
+                    let Delivery::Refused(refusal) = &delivery else {
+                        panic!("expected a refusal, got {delivery:?}");
+                    };
+                    assert!(refusal.is_illegal(), "{refusal:?}");
+                    assert!(!delivery.should_ack(), "an illegal message must not be acked away");
+                }
+                let missing = MessageKey::business("order:9", "ship").unwrap();
+                assert_eq!(
+                    ship(&pool, &inbox, missing, b"s".to_vec(), 9).await.unwrap(),
+                    Delivery::Refused(Refusal::NotFound)
+                );
+                assert_eq!(records(&pool).await, 0);
+                assert_eq!(effects(&pool, "ship").await, 0);
+                let counters = inbox.counters();
+                assert_eq!(
+                    (counters.applied, counters.refused, counters.illegal),
+                    (0, 3, 2),
+                    "{counters:?}"
+                );
             }
 
             #[tokio::test]
@@ -177,15 +216,54 @@ macro_rules! consumer_tests {
                 let mut processed = 0;
                 for task in tasks {
                     match task.await.unwrap() {
-                        Delivery::Processed(Outcome::Applied(20)) => processed += 1,
+                        Delivery::Processed(20) => processed += 1,
                         Delivery::Duplicate {
-                            first_result: Some(Outcome::Applied(20)),
+                            first_result: Some(20),
                         } => {}
                         other => panic!("unexpected {other:?}"),
                     }
                 }
                 assert_eq!(processed, 1);
                 assert_eq!(effects(&pool, "ship").await, 1);
+            }
+
+            /// Different messages that carry the same transition (a producer that minted a
+            /// new id per retry, a replay): they pass the inbox, then race on the row. Under
+            /// REPEATABLE READ every loser's UPDATE fails with a serialization failure
+            /// before its body; the unit of work retries it, and it finds the winner's
+            /// result: one effect, the rest duplicates, no error.
+            #[tokio::test]
+            async fn messages_racing_on_one_transition_apply_once() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("shipping").unwrap();
+                let mut tasks = Vec::new();
+                for n in 0..8 {
+                    let (pool, inbox) = (pool.clone(), inbox.clone());
+                    let key = MessageKey::business("order:2", format!("ship-{n}")).unwrap();
+                    tasks.push(tokio::spawn(async move {
+                        ship(&pool, &inbox, key, b"s".to_vec(), 2).await
+                    }));
+                }
+                let mut processed = 0;
+                for task in tasks {
+                    match task.await.unwrap() {
+                        Ok(Delivery::Processed(20)) => processed += 1,
+                        Ok(Delivery::Duplicate {
+                            first_result: Some(20),
+                        }) => {}
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                assert_eq!(processed, 1);
+                assert_eq!(effects(&pool, "ship").await, 1);
+                assert_eq!(records(&pool).await, 8, "every message is recorded");
+            }
+
+            async fn records(pool: &$pool) -> i64 {
+                sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
             }
         }
     };
@@ -202,6 +280,19 @@ consumer_tests!(
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres(&format!("consumers_{}", next_id()), 8).await
+);
+// Under REPEATABLE READ the losers of a race fail with serialization failures instead of
+// waiting: the combined form retries them before the body, like the other forms.
+consumer_tests!(
+    postgres_repeatable_read,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres_with(
+        &format!("consumers_rr_{}", next_id()),
+        8,
+        &[("default_transaction_isolation", "repeatable\\ read")]
+    )
+    .await
 );
 
 fn next_id() -> String {

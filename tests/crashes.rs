@@ -318,9 +318,9 @@ macro_rules! backend {
                         let (inbox, key) = (Inbox::new(GROUP).unwrap(), MessageKey::new(MESSAGE).unwrap());
                         let delivery = pay_message(pool, &inbox, &key, PAYLOAD, ORDER).await.unwrap();
                         let expected = if committed {
-                            Delivery::Duplicate { first_result: Some(Outcome::Applied(child_receipt)) }
+                            Delivery::Duplicate { first_result: Some(child_receipt) }
                         } else {
-                            Delivery::Processed(Outcome::Applied(mine))
+                            Delivery::Processed(mine)
                         };
                         assert_eq!(delivery, expected);
                         format!("{delivery:?}")

@@ -273,7 +273,7 @@ macro_rules! inbox_tests {
                 for i in 0..30 {
                     assert!(deliver(&inbox, &pool, &key(&format!("m{i}")), i, 1).await.unwrap().is_processed());
                 }
-                let sweeper = inbox.spawn_sweeper(pool.clone(), 24 * HOUR, Duration::from_millis(20), 7);
+                let sweeper = inbox.spawn_sweeper(pool.clone(), 24 * HOUR, Duration::from_millis(20), 7).unwrap();
                 clock.advance(25 * HOUR);
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
                 while inbox.counters().purged < 30 {

@@ -47,14 +47,14 @@ async fn a_loser_blocked_by_the_winner_is_a_duplicate() {
         .bind(1i64)
         .bind("CREATED")
         .bind("PAID")
-        .bind("Order")
+        .bind(<Order as idem::Machine>::DEFINITION.id)
         .bind("1")
         .fetch_one(&mut *winner)
         .await
         .unwrap();
     assert_eq!(applied, Some(1));
     sqlx::query(sql.store_result)
-        .bind("Order")
+        .bind(<Order as idem::Machine>::DEFINITION.id)
         .bind("1")
         .bind("CREATED")
         .bind("PAID")

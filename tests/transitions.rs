@@ -187,9 +187,10 @@ macro_rules! backend_tests {
                     pay(&pool, 1, 500).await.unwrap(),
                     Outcome::AlreadyDone { current: Order::Shipped, first_result: Some(receipt) }
                 );
+                // A `()` result is not stored, so nothing is replayed: `None`, as documented.
                 assert_eq!(
                     ship(&pool, 1).await.unwrap(),
-                    Outcome::AlreadyDone { current: Order::Shipped, first_result: Some(()) }
+                    Outcome::AlreadyDone { current: Order::Shipped, first_result: None }
                 );
                 assert_eq!(effects(&pool, 1).await, 2);
                 assert_eq!(state(&pool, 1).await, (Some("SHIPPED".into()), Some(2)));
@@ -203,13 +204,28 @@ macro_rules! backend_tests {
                     pay(&pool, 2, 500).await.unwrap(),
                     Outcome::IllegalState { current: Order::Cancelled, from: Order::Created, to: Order::Paid }
                 );
-                // Out of order: shipping before paying is illegal, and changes nothing.
+                // A cancelled order can never be shipped: illegal, and nothing changes.
+                assert_eq!(
+                    ship(&pool, 2).await.unwrap(),
+                    Outcome::IllegalState { current: Order::Cancelled, from: Order::Paid, to: Order::Shipped }
+                );
+                assert_eq!(effects(&pool, 2).await, 0);
+                assert_eq!(state(&pool, 2).await, (Some("CANCELLED".into()), Some(1)));
+            }
+
+            #[tokio::test]
+            async fn a_call_that_came_early_is_not_yet_not_illegal() {
+                let Some(pool) = setup().await else { return };
+                // Out of order: a ship before its pay. CREATED can still reach PAID, so the
+                // ship is early, not a bug; nothing changes, and after the pay it applies.
                 assert_eq!(
                     ship(&pool, 3).await.unwrap(),
-                    Outcome::IllegalState { current: Order::Created, from: Order::Paid, to: Order::Shipped }
+                    Outcome::NotYet { current: Order::Created, from: Order::Paid, to: Order::Shipped }
                 );
-                assert_eq!(effects(&pool, 2).await + effects(&pool, 3).await, 0);
+                assert_eq!(effects(&pool, 3).await, 0);
                 assert_eq!(state(&pool, 3).await, (Some("CREATED".into()), Some(0)));
+                assert!(pay(&pool, 3, 10).await.unwrap().is_applied());
+                assert!(ship(&pool, 3).await.unwrap().is_applied());
             }
 
             #[tokio::test]

@@ -19,6 +19,10 @@ pub(crate) enum Classified {
         current: usize,
         first_result: Option<String>,
     },
+    /// The row is in a state that can still reach `from`: the call came early.
+    NotYet {
+        current: usize,
+    },
     IllegalState {
         current: usize,
     },
@@ -55,7 +59,11 @@ pub(crate) fn classify(
         };
     }
     if current != transition.from {
-        return Classified::IllegalState { current };
+        return if definition.reaches(current, transition.from) {
+            Classified::NotYet { current }
+        } else {
+            Classified::IllegalState { current }
+        };
     }
     let Some(actual) = observed.version else {
         return Classified::Corrupt(RowProblem::NullVersion);
@@ -85,6 +93,7 @@ mod tests {
     // CREATED(0) -> PAID(1) -> SHIPPED(2); CREATED -> CANCELLED(3)
     static ORDER: Definition = Definition {
         name: "Order",
+        id: "orders",
         table: "orders",
         key_column: "id",
         state_column: "state",
@@ -133,6 +142,25 @@ mod tests {
     fn a_branch_not_reachable_from_the_target_is_illegal() {
         assert_eq!(
             classify(&pay(), row("CANCELLED", 2), None),
+            Classified::IllegalState { current: 3 }
+        );
+    }
+
+    #[test]
+    fn a_state_that_can_still_reach_the_source_is_not_yet() {
+        // ship (PAID -> SHIPPED) while CREATED: CREATED can still reach PAID.
+        let ship = Transition {
+            definition: &ORDER,
+            from: 1,
+            to: 2,
+        };
+        assert_eq!(
+            classify(&ship, row("CREATED", 0), None),
+            Classified::NotYet { current: 0 }
+        );
+        // ...but not once CANCELLED: CANCELLED reaches nothing.
+        assert_eq!(
+            classify(&ship, row("CANCELLED", 1), None),
             Classified::IllegalState { current: 3 }
         );
     }

@@ -1,6 +1,6 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
-use crate::backend::{Backend, Dialect, Param, Record, WriterGuard, begin_write, is_conflict};
+use crate::backend::{Backend, Dialect, Param, Record};
 use crate::classification::MissRate;
 use crate::classify::{Classified, Observed, classify};
 use crate::error::{Error, RowProblem};
@@ -8,13 +8,13 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
 use crate::machine::Machine;
-use crate::outcome::Outcome;
-use crate::retry::Backoff;
-use crate::stored::bounded;
+use crate::outcome::{Outcome, Refusal};
 use crate::transition::Transition;
+use crate::work::{Begun, Entered, Plan, Staged, begin};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
+use std::convert::Infallible;
 
 /// How many times a lost race is re-examined before idem gives up with
 /// [`RowProblem::Unstable`]. One is enough on a database that keeps its promises.
@@ -54,228 +54,203 @@ where
     T: Serialize + DeserializeOwned,
     F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
 {
-    let (machine, codec) = (machine::<M>(), codec::<Result<T, E>>());
-    match begin(machine, codec, pool, transition, key, expected_version).await {
-        Begun::Apply(mut applying) => {
-            let result = body(applying.transaction()).await;
-            applying.finish(codec, result).await
-        }
-        Begun::Done(done) => done,
-    }
-}
-
-/// The first half of a call: the transition attempted, and either the row moved (the body
-/// must run now, in [`Applying::transaction`]) or the call is over.
-#[doc(hidden)]
-pub enum Begun<DB: Backend, T, E, M> {
-    /// The conditional UPDATE moved the row; run the body, then [`Applying::finish`].
-    Apply(Applying<DB>),
-    /// Nothing to apply: a duplicate, an illegal state, … or an error. Already rolled back.
-    Done(Result<Outcome<T, M>, Error<E>>),
-}
-
-/// A transition that moved its row, in an open transaction, waiting for the body's result.
-/// Dropping it rolls everything back.
-#[doc(hidden)]
-pub struct Applying<DB: Backend> {
-    tx: Transaction<'static, DB>,
-    // Released after COMMIT or ROLLBACK, when `Applying` is dropped.
-    _writer: Option<WriterGuard>,
-    moved: Moved,
-}
-
-/// Begins a call: validates the key, opens the transaction and attempts the transition.
-#[doc(hidden)]
-pub async fn begin<M, DB: Backend, T, E>(
-    machine: MachineRef<M>,
-    codec: Codec<T>,
-    pool: &Pool<DB>,
-    transition: Transition,
-    key: CallKey,
-    expected_version: Option<i64>,
-) -> Begun<DB, T, E, M> {
-    match try_begin(machine, codec, pool, transition, key, expected_version).await {
-        Ok(Ok(applying)) => Begun::Apply(applying),
-        Ok(Err(outcome)) => Begun::Done(Ok(outcome)),
-        Err(e) => Begun::Done(Err(e)),
-    }
-}
-
-async fn try_begin<M, DB: Backend, T, E>(
-    machine: MachineRef<M>,
-    codec: Codec<T>,
-    pool: &Pool<DB>,
-    transition: Transition,
-    key: CallKey,
-    expected_version: Option<i64>,
-) -> Result<Result<Applying<DB>, Outcome<T, M>>, Error<E>> {
-    let key = key.0.map_err(Error::InvalidKey)?;
-    let mut backoff = Backoff::default();
-    loop {
-        let attempt = async {
-            let (mut tx, writer) = begin_write(pool).await?;
-            let step = attempt_in::<M, DB, T, E>(
-                &mut tx,
-                machine,
-                codec,
-                transition,
-                key.clone(),
-                expected_version,
-            )
-            .await?;
-            Ok::<_, Error<E>>((tx, writer, step))
-        };
-        match attempt.await {
-            Ok((tx, writer, Step::Moved(moved))) => {
-                return Ok(Ok(Applying {
-                    tx,
-                    _writer: writer,
-                    moved,
-                }));
-            }
-            Ok((tx, _writer, Step::Done(outcome))) => {
-                tx.rollback().await?;
-                return Ok(Err(outcome));
-            }
-            // Lost a conflict before the body ran: the transaction is gone (dropped, so
-            // rolled back), nothing was applied, and a fresh one may win.
-            Err(Error::Database(e)) if is_conflict(&e) => {
-                if !backoff.wait().await {
-                    return Err(Error::Contention {
-                        attempts: backoff.attempts(),
-                        last: e,
-                    });
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// What the transition did in a transaction someone else owns.
-#[doc(hidden)]
-pub enum Step<T, M> {
-    /// The row moved: run the body, then [`Moved::store`] its result.
-    Moved(Moved),
-    /// Nothing moved; the outcome. The caller decides what to do with its transaction.
-    Done(Outcome<T, M>),
-}
-
-/// A transition that moved its row, waiting for the body's result to be stored.
-#[doc(hidden)]
-pub struct Moved {
-    transition: Transition,
-    dialect: Dialect,
-    key: Key,
-    key_text: String,
-}
-
-/// Attempts `transition` in `tx` (a transaction the caller owns and ends: the inbox's,
-/// when a handler is both a consumer and a transition).
-#[doc(hidden)]
-pub async fn transition_in<M, DB: Backend, T, E>(
-    tx: &mut Transaction<'static, DB>,
-    machine: MachineRef<M>,
-    codec: Codec<T>,
-    transition: Transition,
-    key: CallKey,
-    expected_version: Option<i64>,
-) -> Result<Step<T, M>, Error<E>> {
-    let key = key.0.map_err(Error::InvalidKey)?;
-    attempt_in::<M, DB, T, E>(tx, machine, codec, transition, key, expected_version).await
-}
-
-async fn attempt_in<M, DB: Backend, T, E>(
-    conn: &mut DB::Connection,
-    machine: MachineRef<M>,
-    codec: Codec<T>,
-    transition: Transition,
-    key: Key,
-    expected_version: Option<i64>,
-) -> Result<Step<T, M>, Error<E>> {
-    let moved = Moved {
+    let plan = TransitionPlan::new(
+        machine::<M>(),
+        codec::<Result<T, E>>(),
         transition,
-        dialect: DB::dialect(conn),
-        key_text: key.to_text(),
         key,
-    };
-    let call = moved.call(expected_version);
-    let misses = MissRate::of(&transition);
-    let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
-    misses.record(observed.is_some());
-    let mut asked_again = 0;
-    loop {
-        let Some(row) = observed else {
-            reached(FaultPoint::Transitioned);
-            return Ok(Step::Moved(moved));
-        };
-        let classified = classify(&transition, row, expected_version);
-        if classified != Classified::LostRace {
-            return outcome(machine, codec, &call, classified).map(Step::Done);
+        expected_version,
+    );
+    match begin(pool, &plan).await {
+        Begun::Run(mut work) => {
+            let result = body(work.transaction()).await;
+            work.finish(&plan, result).await
         }
-        if asked_again == LOST_RACE_ATTEMPTS {
-            return Err(corrupt(&call, RowProblem::Unstable));
-        }
-        // A concurrent transaction moved the row after this statement's snapshot: try
-        // again with a fresh statement (and snapshot, under READ COMMITTED).
-        asked_again += 1;
-        observed = attempt::<DB>(conn, &call, misses.inline()).await?;
+        Begun::Done(done) => done.map_err(Error::widen),
     }
 }
 
-impl Moved {
-    fn call(&self, expected_version: Option<i64>) -> Call<'_> {
-        Call {
-            transition: &self.transition,
-            dialect: self.dialect,
-            key: &self.key,
-            key_text: &self.key_text,
+/// The transition stage of a unit of work: the conditional UPDATE of one row.
+pub struct TransitionStage<M> {
+    machine: MachineRef<M>,
+    transition: Transition,
+    key: Result<Key, KeyError>,
+    key_text: String,
+    expected_version: Option<i64>,
+}
+
+/// Why the transition stage did not move its row.
+pub(crate) enum NotMoved<M> {
+    /// A duplicate; the stored first result, if any (JSON).
+    AlreadyDone {
+        current: M,
+        first_result: Option<String>,
+    },
+    /// Not yet, illegal, not found or stale.
+    Refused(Refusal<M>),
+}
+
+impl<M> TransitionStage<M> {
+    /// The stage of transition `transition` of machine `machine` on the row `key`.
+    pub fn new(
+        machine: MachineRef<M>,
+        transition: Transition,
+        key: CallKey,
+        expected_version: Option<i64>,
+    ) -> Self {
+        let key = key.0;
+        let key_text = key.as_ref().map(Key::to_text).unwrap_or_default();
+        TransitionStage {
+            machine,
+            transition,
+            key,
+            key_text,
             expected_version,
         }
     }
 
-    /// Stores the body's result with the transition (skipped if it serializes to `null`).
-    pub async fn store<DB: Backend, T, E>(
+    pub(crate) fn check(&self) -> Result<(), Error<Infallible>> {
+        self.key
+            .as_ref()
+            .map(drop)
+            .map_err(|e| Error::InvalidKey(e.clone()))
+    }
+
+    /// Attempts the transition in `conn`: the row moved, or why not.
+    pub(crate) async fn enter<DB: Backend>(
         &self,
-        tx: &mut Transaction<'static, DB>,
-        codec: Codec<T>,
-        result: &T,
-    ) -> Result<(), Error<E>> {
-        let json = bounded((codec.encode)(result).map_err(Error::Result)?)?;
-        // A result that serializes to `null` (`()`, `None`) replays without storage.
-        if json != "null" {
-            store_result::<DB>(tx, &self.call(None), &json).await?;
+        conn: &mut DB::Connection,
+    ) -> Result<Result<Moved, NotMoved<M>>, Error<Infallible>> {
+        let key = self
+            .key
+            .as_ref()
+            .map_err(|e| Error::InvalidKey(e.clone()))?;
+        let transition = self.transition;
+        let call = Call {
+            transition: &transition,
+            dialect: DB::dialect(conn),
+            key,
+            key_text: &self.key_text,
+            expected_version: self.expected_version,
+        };
+        let misses = MissRate::of(&transition);
+        let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
+        misses.record(observed.is_some());
+        let mut asked_again = 0;
+        loop {
+            let Some(row) = observed else {
+                reached(FaultPoint::Transitioned);
+                return Ok(Ok(Moved {
+                    transition,
+                    dialect: call.dialect,
+                    key_text: self.key_text.clone(),
+                }));
+            };
+            let classified = classify(&transition, row, self.expected_version);
+            if classified != Classified::LostRace {
+                return not_moved(self.machine, &call, classified).map(Err);
+            }
+            if asked_again == LOST_RACE_ATTEMPTS {
+                return Err(corrupt(&call, RowProblem::Unstable));
+            }
+            // A concurrent transaction moved the row after this statement's snapshot: try
+            // again with a fresh statement (and snapshot, under READ COMMITTED).
+            asked_again += 1;
+            observed = attempt::<DB>(conn, &call, misses.inline()).await?;
         }
-        Ok(())
     }
 }
 
-impl<DB: Backend> Applying<DB> {
-    /// The transaction the body runs in.
-    pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
-        &mut self.tx
+/// The plan of a transition handler: one stage, the transition; replies with an
+/// [`Outcome`].
+pub struct TransitionPlan<T, M> {
+    stage: TransitionStage<M>,
+    codec: Codec<T>,
+}
+
+impl<T, M> TransitionPlan<T, M> {
+    /// The plan of transition `transition` of `machine` on row `key`.
+    pub fn new(
+        machine: MachineRef<M>,
+        codec: Codec<T>,
+        transition: Transition,
+        key: CallKey,
+        expected_version: Option<i64>,
+    ) -> Self {
+        TransitionPlan {
+            stage: TransitionStage::new(machine, transition, key, expected_version),
+            codec,
+        }
+    }
+}
+
+impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
+    type Value = T;
+    type Reply = Outcome<T, M>;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        self.stage.check()
     }
 
-    /// Ends the call with the body's result: stores it and commits, or rolls back on error.
-    pub async fn finish<T, E, M>(
-        mut self,
-        codec: Codec<T>,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T, M>, Error<E>> {
-        let result = match result {
-            Ok(result) => result,
-            Err(e) => {
-                // The connection may be gone; the handler's error is the one to report,
-                // and an unfinished transaction is rolled back by the server anyway.
-                let _ = self.tx.rollback().await;
-                return Err(Error::Handler(e));
-            }
-        };
-        reached(FaultPoint::BodyDone);
-        self.moved.store(&mut self.tx, codec, &result).await?;
-        self.tx.commit().await?;
-        reached(FaultPoint::Committed);
-        Ok(Outcome::Applied(result))
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+    ) -> Result<Entered<Outcome<T, M>>, Error<Infallible>> {
+        Ok(match self.stage.enter::<DB>(tx).await? {
+            Ok(moved) => Entered::Run(Staged {
+                moved: Some(moved),
+                recorded: None,
+            }),
+            Err(NotMoved::AlreadyDone {
+                current,
+                first_result,
+            }) => Entered::Done {
+                reply: Outcome::AlreadyDone {
+                    current,
+                    first_result: replay(self.codec, first_result)?,
+                },
+                commit: false,
+            },
+            Err(NotMoved::Refused(refusal)) => Entered::Done {
+                reply: refusal.into_outcome(),
+                commit: false,
+            },
+        })
+    }
+
+    fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
+        (self.codec.encode)(value).map_err(Error::Result)
+    }
+
+    fn applied(&self, value: T) -> Outcome<T, M> {
+        Outcome::Applied(value)
+    }
+}
+
+/// A transition that moved its row, waiting for the body's result to be stored.
+pub struct Moved {
+    transition: Transition,
+    dialect: Dialect,
+    key_text: String,
+}
+
+impl Moved {
+    /// Stores the body's result (JSON, not `null`) as the transition's first result.
+    pub(crate) async fn store<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: &str,
+    ) -> Result<(), sqlx::Error> {
+        let t = self.transition;
+        let sql = self.dialect.statements(t.definition).store_result;
+        let params = [
+            Param::Text(t.definition.id),
+            Param::Text(&self.key_text),
+            Param::Text(t.from_name()),
+            Param::Text(t.to_name()),
+            Param::Text(json),
+        ];
+        DB::execute(conn, sql, &params).await.map(drop)
     }
 }
 
@@ -326,7 +301,7 @@ async fn attempt<DB: Backend>(
         Param::Text(t.from_name()),
         Param::Text(t.to_name()),
     );
-    let (machine, key_text) = (Param::Text(t.definition.name), Param::Text(call.key_text));
+    let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
     if inline && call.dialect == Dialect::Postgres {
         let columns = match call.expected_version {
             None => {
@@ -359,23 +334,6 @@ async fn attempt<DB: Backend>(
     Ok(Some(observed(columns.unwrap_or_default())))
 }
 
-async fn store_result<DB: Backend>(
-    conn: &mut DB::Connection,
-    call: &Call<'_>,
-    json: &str,
-) -> Result<(), sqlx::Error> {
-    let t = call.transition;
-    let sql = call.dialect.statements(t.definition).store_result;
-    let params = [
-        Param::Text(t.definition.name),
-        Param::Text(call.key_text),
-        Param::Text(t.from_name()),
-        Param::Text(t.to_name()),
-        Param::Text(json),
-    ];
-    DB::execute(conn, sql, &params).await.map(drop)
-}
-
 fn observed(mut record: Record) -> Observed {
     Observed {
         found: record.int("found").is_some_and(|n| n != 0),
@@ -385,41 +343,46 @@ fn observed(mut record: Record) -> Observed {
     }
 }
 
-fn outcome<T, M, E>(
+fn not_moved<M>(
     machine: MachineRef<M>,
-    codec: Codec<T>,
     call: &Call<'_>,
     classified: Classified,
-) -> Result<Outcome<T, M>, Error<E>> {
+) -> Result<NotMoved<M>, Error<Infallible>> {
     let state = machine.from_index;
     let t = call.transition;
     Ok(match classified {
         Classified::AlreadyDone {
             current,
             first_result,
-        } => Outcome::AlreadyDone {
+        } => NotMoved::AlreadyDone {
             current: state(current),
-            first_result: replay(codec, first_result)?,
+            first_result,
         },
-        Classified::IllegalState { current } => Outcome::IllegalState {
+        Classified::NotYet { current } => NotMoved::Refused(Refusal::NotYet {
             current: state(current),
             from: state(t.from),
             to: state(t.to),
-        },
-        Classified::NotFound => Outcome::NotFound,
-        Classified::StaleVersion { expected, actual } => Outcome::StaleVersion { expected, actual },
+        }),
+        Classified::IllegalState { current } => NotMoved::Refused(Refusal::IllegalState {
+            current: state(current),
+            from: state(t.from),
+            to: state(t.to),
+        }),
+        Classified::NotFound => NotMoved::Refused(Refusal::NotFound),
+        Classified::StaleVersion { expected, actual } => {
+            NotMoved::Refused(Refusal::StaleVersion { expected, actual })
+        }
         Classified::Corrupt(problem) => return Err(corrupt(call, problem)),
         Classified::LostRace => return Err(corrupt(call, RowProblem::Unstable)),
     })
 }
 
-/// The first result, decoded. Nothing stored means the result serialized to `null`, so a
-/// type that accepts `null` (`()`, `Option`) replays that; any other type gets `None`.
-fn replay<T, E>(codec: Codec<T>, stored: Option<String>) -> Result<Option<T>, Error<E>> {
-    match stored {
-        Some(json) => (codec.decode)(&json).map(Some).map_err(Error::Result),
-        None => Ok((codec.decode)("null").ok()),
-    }
+/// The first result, decoded; `None` when nothing was stored (no result was recorded for
+/// this transition, or it serialized to `null`, or retention removed it).
+pub(crate) fn replay<T, E>(codec: Codec<T>, stored: Option<String>) -> Result<Option<T>, Error<E>> {
+    stored
+        .map(|json| (codec.decode)(&json).map_err(Error::Result))
+        .transpose()
 }
 
 fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {

@@ -2,7 +2,7 @@
 
 use crate::error::Error;
 use crate::inbox::Delivery;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Refusal};
 
 /// The return type of an `#[idempotent]` handler whose body returns `R`
 /// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
@@ -13,10 +13,14 @@ pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fal
 pub type Consumed<R> = Result<Delivery<<R as Fallible>::Ok>, Error<<R as Fallible>::Err>>;
 
 /// The return type of an `#[idempotent]` handler that is both a message handler and a
-/// transition of machine `M`: `Result<Delivery<Outcome<T, M>>, Error<E>>`. A redelivery
-/// replays the first delivery's outcome, whatever it was.
+/// transition of machine `M`: `Result<Delivery<T, Refusal<M>>, Error<E>>`.
+///
+/// [`Delivery::Processed`] when this delivery moved the row and ran the body;
+/// [`Delivery::Duplicate`] with the transition's first result when the message, or the
+/// transition, was done before; [`Delivery::Refused`] when the row is not in the source
+/// state (not yet, illegal, not found, stale), with nothing recorded.
 pub type ConsumedTransition<R, M> =
-    Result<Delivery<Outcome<<R as Fallible>::Ok, M>>, Error<<R as Fallible>::Err>>;
+    Result<Delivery<<R as Fallible>::Ok, Refusal<M>>, Error<<R as Fallible>::Err>>;
 
 /// A `Result`, seen through its success and error types; lets [`Handled`] accept a
 /// handler's return type written as any alias of `Result`.

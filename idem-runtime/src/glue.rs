@@ -4,9 +4,8 @@
 
 use crate::fallible::Fallible;
 use crate::machine::{Definition, Machine};
-use crate::outcome::Outcome;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 /// A machine's definition and its state decoder.
 pub struct MachineRef<M> {
@@ -68,96 +67,4 @@ fn encode<T: Serialize>(value: &T) -> serde_json::Result<String> {
 
 fn decode<T: DeserializeOwned>(json: &str) -> serde_json::Result<T> {
     serde_json::from_str(json)
-}
-
-/// The codec of a transition's outcome, stored as the result of an inbox delivery when a
-/// handler is both a consumer and a transition. States are stored by their names.
-pub const fn outcome_codec<R, M>() -> Codec<Outcome<R::Ok, M>>
-where
-    R: Fallible,
-    R::Ok: Serialize + DeserializeOwned,
-    M: Machine,
-{
-    Codec {
-        encode: encode_outcome::<R::Ok, M>,
-        decode: decode_outcome::<R::Ok, M>,
-    }
-}
-
-/// [`Outcome`] as stored: states by name.
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum StoredOutcome<T> {
-    Applied(T),
-    AlreadyDone {
-        current: String,
-        first_result: Option<T>,
-    },
-    IllegalState {
-        current: String,
-        from: String,
-        to: String,
-    },
-    NotFound,
-    StaleVersion {
-        expected: i64,
-        actual: i64,
-    },
-}
-
-fn encode_outcome<T: Serialize, M: Machine>(outcome: &Outcome<T, M>) -> serde_json::Result<String> {
-    let name = |state: &M| state.as_db().to_owned();
-    let stored: StoredOutcome<&T> = match outcome {
-        Outcome::Applied(result) => StoredOutcome::Applied(result),
-        Outcome::AlreadyDone {
-            current,
-            first_result,
-        } => StoredOutcome::AlreadyDone {
-            current: name(current),
-            first_result: first_result.as_ref(),
-        },
-        Outcome::IllegalState { current, from, to } => StoredOutcome::IllegalState {
-            current: name(current),
-            from: name(from),
-            to: name(to),
-        },
-        Outcome::NotFound => StoredOutcome::NotFound,
-        Outcome::StaleVersion { expected, actual } => StoredOutcome::StaleVersion {
-            expected: *expected,
-            actual: *actual,
-        },
-    };
-    serde_json::to_string(&stored)
-}
-
-fn decode_outcome<T: DeserializeOwned, M: Machine>(
-    json: &str,
-) -> serde_json::Result<Outcome<T, M>> {
-    let state = |name: String| {
-        M::from_db(&name).ok_or_else(|| {
-            <serde_json::Error as serde::de::Error>::custom(format!(
-                "state {name:?} is not declared by `{}`",
-                M::DEFINITION.name
-            ))
-        })
-    };
-    Ok(match serde_json::from_str::<StoredOutcome<T>>(json)? {
-        StoredOutcome::Applied(result) => Outcome::Applied(result),
-        StoredOutcome::AlreadyDone {
-            current,
-            first_result,
-        } => Outcome::AlreadyDone {
-            current: state(current)?,
-            first_result,
-        },
-        StoredOutcome::IllegalState { current, from, to } => Outcome::IllegalState {
-            current: state(current)?,
-            from: state(from)?,
-            to: state(to)?,
-        },
-        StoredOutcome::NotFound => Outcome::NotFound,
-        StoredOutcome::StaleVersion { expected, actual } => {
-            Outcome::StaleVersion { expected, actual }
-        }
-    })
 }

@@ -15,17 +15,7 @@ pub enum Key {
 impl Key {
     /// A text key: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
     pub fn text(key: impl Into<String>) -> Result<Key, KeyError> {
-        let key = key.into();
-        if key.is_empty() {
-            return Err(KeyError::Empty);
-        }
-        if key.len() > MAX_KEY_LEN {
-            return Err(KeyError::TooLong { len: key.len() });
-        }
-        if let Some(position) = key.chars().position(char::is_control) {
-            return Err(KeyError::ControlCharacter { position });
-        }
-        Ok(Key::Text(key))
+        valid_text(key.into()).map(Key::Text)
     }
 
     /// The key as text, as stored in the results table.
@@ -44,6 +34,20 @@ impl core::fmt::Display for Key {
             Key::Text(s) => write!(f, "{s:?}"),
         }
     }
+}
+
+/// `key`, if it is 1 to [`MAX_KEY_LEN`] bytes without control characters.
+pub(crate) fn valid_text(key: String) -> Result<String, KeyError> {
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: key.len() });
+    }
+    if let Some(position) = key.chars().position(char::is_control) {
+        return Err(KeyError::ControlCharacter { position });
+    }
+    Ok(key)
 }
 
 /// Why a key was refused.

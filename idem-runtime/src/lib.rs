@@ -23,6 +23,7 @@ mod schema;
 mod sql;
 mod stored;
 mod transition;
+mod work;
 
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
@@ -34,21 +35,23 @@ pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
 pub use inbox::migrate;
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
-pub use outcome::{Outcome, OutcomeKind};
+pub use outcome::{Outcome, OutcomeKind, Refusal};
 pub use retry::retry;
 pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
 pub use stored::MAX_RESULT_LEN;
 pub use transition::Transition;
+pub use work::Source;
 
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a
 /// public API: names and signatures change without notice.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
-    pub use crate::engine::{Applying, Begun, Moved, Step, begin, transition_in};
-    pub use crate::glue::{Codec, MachineRef, codec, machine, outcome_codec};
-    pub use crate::inbox::{AsInbox, AsMessageKey, Received};
+    pub use crate::engine::{TransitionPlan, TransitionStage};
+    pub use crate::glue::{Codec, MachineRef, codec, machine};
+    pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
+    pub use crate::work::{Begun, Entered, Origin, Plan, Staged, Work, begin, begin_in, start};
     pub use core::convert::AsRef;
     pub use sqlx::Pool;
 

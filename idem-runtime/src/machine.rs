@@ -42,8 +42,12 @@ pub trait Machine: Copy + Eq + core::fmt::Debug + Send + Sync + 'static {
 /// The compile-time description of a state machine, produced by the derive.
 #[derive(Debug)]
 pub struct Definition {
-    /// The Rust name of the machine (the enum), used in errors and as the scope of stored results.
+    /// The Rust name of the machine (the enum), used in errors.
     pub name: &'static str,
+    /// The machine's stable identity: the scope of its stored first results
+    /// (`#[machine(id = "…")]`, by default the table's name). Renaming or moving the enum
+    /// does not change it; two machines must not share one.
+    pub id: &'static str,
     /// The table holding one row per business key.
     pub table: &'static str,
     /// The column holding the business key.

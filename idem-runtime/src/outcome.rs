@@ -6,6 +6,7 @@
 /// |---|---|---|
 /// | [`Applied`](Outcome::Applied) | this call moved the row `from → to`, ran the body, and committed | ack / 200 |
 /// | [`AlreadyDone`](Outcome::AlreadyDone) | the row is already in `to` or a state reachable from it: a duplicate | ack / replay the first result |
+/// | [`NotYet`](Outcome::NotYet) | the row is in an earlier state that can still reach `from`: this call came early | retry later (a consumer nacks with a delay) |
 /// | [`IllegalState`](Outcome::IllegalState) | the row is in a state from which `to` cannot be reached | alert: a data or workflow bug |
 /// | [`NotFound`](Outcome::NotFound) | no row has this key | the caller's business |
 /// | [`StaleVersion`](Outcome::StaleVersion) | the caller's expected version did not hold | re-read and decide |
@@ -23,12 +24,25 @@ pub enum Outcome<T, S> {
         current: S,
         /// The result the first successful call returned, replayed from storage.
         ///
-        /// `None` when no result was stored for this key and transition: the row reached
-        /// `to` some other way (another transition into the same state, a write outside
-        /// idem), or the results were purged by retention.
+        /// `None` when no result is stored for this key and transition: the first result
+        /// serialized to `null` (`()`, `None`: nothing is stored), the row reached `to`
+        /// some other way (another transition into the same state, a write outside idem),
+        /// or the result was deleted.
         first_result: Option<T>,
     },
-    /// The row is in a state from which the transition's target cannot be reached.
+    /// The call came early: the row is in a state that can still reach `from` (say, a
+    /// ship that overtook its pay), so the transition may become possible. Out-of-order
+    /// delivery, not a bug: retry later.
+    NotYet {
+        /// The row's current state, from which `from` is reachable.
+        current: S,
+        /// The transition's source state.
+        from: S,
+        /// The transition's target state.
+        to: S,
+    },
+    /// The row is in a state from which neither `from` nor `to` can be reached: a data or
+    /// workflow bug.
     IllegalState {
         /// The row's current state.
         current: S,
@@ -90,6 +104,7 @@ impl<T, S> Outcome<T, S> {
                 current,
                 first_result: first_result.map(f),
             },
+            Outcome::NotYet { current, from, to } => Outcome::NotYet { current, from, to },
             Outcome::IllegalState { current, from, to } => {
                 Outcome::IllegalState { current, from, to }
             }
@@ -105,10 +120,77 @@ impl<T, S> Outcome<T, S> {
         match self {
             Outcome::Applied(_) => OutcomeKind::Applied,
             Outcome::AlreadyDone { .. } => OutcomeKind::AlreadyDone,
+            Outcome::NotYet { .. } => OutcomeKind::NotYet,
             Outcome::IllegalState { .. } => OutcomeKind::IllegalState,
             Outcome::NotFound => OutcomeKind::NotFound,
             Outcome::StaleVersion { .. } => OutcomeKind::StaleVersion,
         }
+    }
+}
+
+/// Why a transition did not apply, when it is not done either: what a message handler that
+/// is also a transition replies with in [`Delivery::Refused`](crate::inbox::Delivery::Refused).
+/// Nothing was recorded or changed, and the message is not acked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal<S> {
+    /// See [`Outcome::NotYet`]: the message came early; redeliver it later.
+    NotYet {
+        /// The row's current state.
+        current: S,
+        /// The transition's source state.
+        from: S,
+        /// The transition's target state.
+        to: S,
+    },
+    /// See [`Outcome::IllegalState`]: a bug; alert.
+    IllegalState {
+        /// The row's current state.
+        current: S,
+        /// The transition's source state.
+        from: S,
+        /// The transition's target state.
+        to: S,
+    },
+    /// See [`Outcome::NotFound`].
+    NotFound,
+    /// See [`Outcome::StaleVersion`].
+    StaleVersion {
+        /// The version the caller passed.
+        expected: i64,
+        /// The version in the database.
+        actual: i64,
+    },
+}
+
+impl<S> Refusal<S> {
+    /// The same refusal as an [`Outcome`].
+    pub fn into_outcome<T>(self) -> Outcome<T, S> {
+        match self {
+            Refusal::NotYet { current, from, to } => Outcome::NotYet { current, from, to },
+            Refusal::IllegalState { current, from, to } => {
+                Outcome::IllegalState { current, from, to }
+            }
+            Refusal::NotFound => Outcome::NotFound,
+            Refusal::StaleVersion { expected, actual } => {
+                Outcome::StaleVersion { expected, actual }
+            }
+        }
+    }
+
+    /// The variant's name, for logs and metrics labels.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Refusal::NotYet { .. } => OutcomeKind::NotYet,
+            Refusal::IllegalState { .. } => OutcomeKind::IllegalState,
+            Refusal::NotFound => OutcomeKind::NotFound,
+            Refusal::StaleVersion { .. } => OutcomeKind::StaleVersion,
+        }
+    }
+
+    /// `true` for [`IllegalState`](Refusal::IllegalState): a defect to alert on, which no
+    /// redelivery will cure.
+    pub fn is_illegal(&self) -> bool {
+        matches!(self, Refusal::IllegalState { .. })
     }
 }
 
@@ -119,6 +201,8 @@ pub enum OutcomeKind {
     Applied,
     /// See [`Outcome::AlreadyDone`].
     AlreadyDone,
+    /// See [`Outcome::NotYet`].
+    NotYet,
     /// See [`Outcome::IllegalState`].
     IllegalState,
     /// See [`Outcome::NotFound`].
@@ -128,12 +212,13 @@ pub enum OutcomeKind {
 }
 
 impl OutcomeKind {
-    /// The name used in logs and metrics: `applied`, `already_done`, `illegal_state`,
+    /// The name used in logs and metrics: `applied`, `already_done`, `not_yet`, `illegal_state`,
     /// `not_found`, `stale_version`.
     pub fn as_str(self) -> &'static str {
         match self {
             OutcomeKind::Applied => "applied",
             OutcomeKind::AlreadyDone => "already_done",
+            OutcomeKind::NotYet => "not_yet",
             OutcomeKind::IllegalState => "illegal_state",
             OutcomeKind::NotFound => "not_found",
             OutcomeKind::StaleVersion => "stale_version",

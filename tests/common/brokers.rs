@@ -224,13 +224,7 @@ impl Db {
 
 /// What a test reports about a delivery's outcome, in one word.
 pub fn outcome_name<T>(delivery: &Delivery<T>) -> &'static str {
-    match delivery {
-        Delivery::Processed(_) => "processed",
-        Delivery::Duplicate { .. } => "duplicate",
-        Delivery::Conflict => "conflict",
-        Delivery::InProgress { .. } => "in-progress",
-        Delivery::Dead { .. } => "dead",
-    }
+    delivery.kind()
 }
 
 /// What a producer that retried sends: each of `messages` messages one to three times,

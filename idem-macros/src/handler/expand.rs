@@ -34,7 +34,8 @@ pub fn expand(
         if let FnArg::Typed(param) = input
             && matches!(&*param.pat, syn::Pat::Ident(p) if p.ident == *tx)
         {
-            *param.ty = parse_quote!(&::idem::__private::Pool<#database>);
+            // A pool (idem begins and commits) or the caller's transaction (a savepoint).
+            *param.ty = parse_quote!(impl ::idem::Source<'_, #database>);
             break;
         }
     }
@@ -59,94 +60,39 @@ pub fn expand(
     let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
     // The expansion's locals are invisible to the body (mixed-site hygiene), so a user
     // parameter named like one of them is not shadowed.
-    let [applying, result, receipt] = ["__idem_applying", "__idem_result", "__idem_receipt"]
+    let [plan, work, result] = ["__idem_plan", "__idem_work", "__idem_result"]
         .map(|name| Ident::new(name, Span::mixed_site()));
-    // The body, as written, in the transaction of `holder`.
-    let run_body = |holder: &Ident| {
-        quote! {{
-            let #tx: #tx_type = #holder.transaction();
-            ::idem::__private::body::<#output, _>(async move #block).await
-        }}
-    };
     let doc = handler_doc(args, handler);
 
-    let body = match (&args.transition, &args.inbox) {
+    // The stages of the unit of work, before the body.
+    let (checks, make_plan) = match (&args.transition, &args.inbox) {
         (Some(t), None) => {
             let (checks, call) = transition_checks(t);
-            let body = run_body(&applying);
-            quote! {
-                #checks
-                let mut #applying = match ::idem::__private::begin(
-                    __IDEM_MACHINE,
-                    __IDEM_CODEC,
-                    #tx,
-                    __IDEM_TRANSITION,
-                    #call
+            let make = quote! {
+                ::idem::__private::TransitionPlan::new(
+                    __IDEM_MACHINE, __IDEM_CODEC, __IDEM_TRANSITION, #call,
                 )
-                .await
-                {
-                    ::idem::__private::Begun::Apply(applying) => applying,
-                    ::idem::__private::Begun::Done(done) => return done,
-                };
-                let #result = #body;
-                #applying.finish(__IDEM_CODEC, #into_result(#result)).await
-            }
+            };
+            (checks, make)
         }
         (None, Some(i)) => {
-            let receive = receive(i, tx, &receipt, quote!(__IDEM_CODEC));
-            let body = run_body(&receipt);
-            quote! {
-                #receive
-                let #result = #body;
-                #receipt.finish_with(__IDEM_CODEC, #into_result(#result)).await
-            }
+            let stage = inbox_stage(i);
+            let make = quote!(::idem::__private::InboxPlan::new(#stage, __IDEM_CODEC));
+            (TokenStream::new(), make)
         }
         (Some(t), Some(i)) => {
             let (checks, call) = transition_checks(t);
-            let machine = &t.machine;
-            let outcome_codec = quote_spanned! {output.span()=>
-                const __IDEM_OUTCOME_CODEC: ::idem::__private::Codec<
-                    ::idem::Outcome<<#output as ::idem::Fallible>::Ok, #machine>,
-                > = ::idem::__private::outcome_codec::<#output, #machine>();
-            };
-            let receive = receive(i, tx, &receipt, quote!(__IDEM_OUTCOME_CODEC));
-            let body = run_body(&receipt);
-            quote! {
-                #checks
-                #outcome_codec
-                #receive
-                let __idem_outcome = match ::idem::__private::transition_in(
-                    #receipt.transaction(),
-                    __IDEM_MACHINE,
+            let stage = inbox_stage(i);
+            let make = quote! {
+                ::idem::__private::ConsumerTransitionPlan::new(
+                    #stage,
+                    ::idem::__private::TransitionStage::new(
+                        __IDEM_MACHINE, __IDEM_TRANSITION, #call,
+                    ),
                     __IDEM_CODEC,
-                    __IDEM_TRANSITION,
-                    #call
                 )
-                .await
-                {
-                    ::core::result::Result::Ok(::idem::__private::Step::Moved(moved)) => {
-                        let #result = #body;
-                        match #into_result(#result) {
-                            ::core::result::Result::Ok(value) => {
-                                if let ::core::result::Result::Err(e) =
-                                    moved.store(#receipt.transaction(), __IDEM_CODEC, &value).await
-                                {
-                                    return ::core::result::Result::Err(e);
-                                }
-                                ::idem::Outcome::Applied(value)
-                            }
-                            ::core::result::Result::Err(e) => {
-                                return #receipt
-                                    .finish_with(__IDEM_OUTCOME_CODEC, ::core::result::Result::Err(e))
-                                    .await;
-                            }
-                        }
-                    }
-                    ::core::result::Result::Ok(::idem::__private::Step::Done(outcome)) => outcome,
-                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(e),
-                };
-                #receipt.finish_transition(__IDEM_OUTCOME_CODEC, __idem_outcome).await
-            }
+            };
+            (checks, make)
         }
         (None, None) => unreachable!("parsing requires one group of arguments"),
     };
@@ -157,7 +103,19 @@ pub fn expand(
         #[doc = #doc]
         #vis #outer {
             #codec
-            #body
+            #checks
+            let #plan = #make_plan;
+            let mut #work = match ::idem::__private::start(::idem::Source::origin(#tx), &#plan).await {
+                ::idem::__private::Begun::Run(work) => work,
+                ::idem::__private::Begun::Done(done) => {
+                    return done.map_err(::idem::Error::widen);
+                }
+            };
+            let #result = {
+                let #tx: #tx_type = #work.transaction();
+                ::idem::__private::body::<#output, _>(async move #block).await
+            };
+            #work.finish(&#plan, #into_result(#result)).await
         }
     }
 }
@@ -209,9 +167,8 @@ fn transition_checks(t: &TransitionArgs) -> (TokenStream, TokenStream) {
     (checks, quote!(#key_expr, #version_expr))
 }
 
-/// Records the delivery in the inbox named by the handler's parameters; returns early with
-/// what became of the message if it was handled before.
-fn receive(i: &InboxArgs, tx: &Ident, receipt: &Ident, codec: TokenStream) -> TokenStream {
+/// The inbox stage of a message handler, from the parameters its arguments name.
+fn inbox_stage(i: &InboxArgs) -> TokenStream {
     let param = |lit: &syn::LitStr| Ident::new(&lit.value(), lit.span());
     let (inbox, message, payload) = (param(&i.inbox), param(&i.message), param(&i.payload));
     let inbox = quote_spanned! {i.inbox.span()=>
@@ -223,15 +180,7 @@ fn receive(i: &InboxArgs, tx: &Ident, receipt: &Ident, codec: TokenStream) -> To
     let payload = quote_spanned! {i.payload.span()=>
         ::idem::__private::AsRef::<[u8]>::as_ref(&#payload)
     };
-    quote! {
-        let mut #receipt = match #inbox.receive_with(#codec, #tx, #message, #payload).await {
-            ::core::result::Result::Ok(::idem::__private::Received::New(receipt)) => receipt,
-            ::core::result::Result::Ok(::idem::__private::Received::Done(done)) => {
-                return ::core::result::Result::Ok(done);
-            }
-            ::core::result::Result::Err(e) => return ::core::result::Result::Err(e),
-        };
-    }
+    quote!(::idem::__private::InboxStage::new(#inbox, #message, #payload))
 }
 
 fn state_check(state: &syn::LitStr) -> TokenStream {

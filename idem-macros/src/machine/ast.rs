@@ -6,7 +6,7 @@ use crate::ident::screaming_snake;
 use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
-pub const MACHINE_KEYS: &str = "table, key, state, version, results";
+pub const MACHINE_KEYS: &str = "table, key, state, version, results, id";
 pub const STATE_KEYS: &str = "name, to";
 
 pub struct Machine {
@@ -16,6 +16,7 @@ pub struct Machine {
     pub state: Option<LitStr>,
     pub version: Option<LitStr>,
     pub results: Option<LitStr>,
+    pub id: Option<LitStr>,
     pub states: Vec<State>,
     /// Whether `#[machine(...)]` is present at all (if not, that is the one error to report).
     pub has_machine_attr: bool,
@@ -53,6 +54,7 @@ impl Machine {
             state: None,
             version: None,
             results: None,
+            id: None,
             states: Vec::new(),
             has_machine_attr: false,
         };
@@ -66,6 +68,7 @@ impl Machine {
                     Some("state") => &mut machine.state,
                     Some("version") => &mut machine.version,
                     Some("results") => &mut machine.results,
+                    Some("id") => &mut machine.id,
                     _ => {
                         let name = path_name(&meta.path);
                         cx.error_spanned_by(

@@ -15,10 +15,26 @@ pub struct Checked {
     pub state: String,
     pub version: String,
     pub results: String,
+    /// The scope of the machine's stored results.
+    pub id: String,
     /// Variant identifiers and database names, in declaration order.
     pub states: Vec<(Ident, String)>,
     pub transitions: Vec<(u16, u16)>,
     pub reachable: Vec<(u16, u16)>,
+}
+
+/// `#[machine(id = "…")]`: stored with every first result, so it must fit the results
+/// table's key and stay readable in it.
+fn machine_id(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
+    let id = lit.value();
+    if id.is_empty() || id.len() > 255 || id.chars().any(char::is_control) {
+        cx.error_spanned_by(
+            lit,
+            "`id` must be 1 to 255 bytes without control characters, e.g. `id = \"orders\"`; it scopes the machine's stored results, so keep it stable",
+        );
+        return None;
+    }
+    Some(id)
 }
 
 pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
@@ -41,6 +57,10 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
     let results = match &machine.results {
         Some(lit) => named(cx, lit, "results", table_name_problem),
         None => Some("idem_results".to_owned()),
+    };
+    let id = match &machine.id {
+        Some(lit) => machine_id(cx, lit),
+        None => table.clone(),
     };
     distinct_columns(cx, &machine, [&key, &state, &version]);
 
@@ -169,6 +189,7 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
         state: state?,
         version: version?,
         results: results?,
+        id: id?,
         states: machine
             .states
             .into_iter()

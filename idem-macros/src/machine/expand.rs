@@ -9,8 +9,8 @@ use quote::quote;
 pub fn expand(m: &Checked) -> TokenStream {
     let ident = &m.ident;
     let name = ident.to_string();
-    let (table, key, state, version, results) =
-        (&m.table, &m.key, &m.state, &m.version, &m.results);
+    let (table, key, state, version, results, id) =
+        (&m.table, &m.key, &m.state, &m.version, &m.results, &m.id);
     let names = Names {
         table,
         key,
@@ -41,6 +41,7 @@ pub fn expand(m: &Checked) -> TokenStream {
             impl ::idem::Machine for #ident {
                 const DEFINITION: &'static ::idem::Definition = &::idem::Definition {
                     name: #name,
+                    id: #id,
                     table: #table,
                     key_column: #key,
                     state_column: #state,
@@ -99,7 +100,7 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         const _: () = {
             impl ::idem::Machine for #ident {
                 const DEFINITION: &'static ::idem::Definition = &::idem::Definition {
-                    name: #name, table: "", key_column: "", state_column: "", version_column: "",
+                    name: #name, id: "", table: "", key_column: "", state_column: "", version_column: "",
                     results_table: "", states: &[], transitions: &[], reachable: &[],
                     sql: ::idem::MachineSql { postgres: #empty, sqlite: #empty },
                 };
@@ -157,8 +158,8 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
          first results are kept in `{results}`.\n\n\
          States: {states}.\n\n\
          Transitions: {transitions}.\n\n\
-         Parameters: `$1` the key, `$2` the `from` state, `$3` the `to` state, `$4` the machine \
-         name, `$5` the key as text, and the expected version last (see [`idem::Statements`]).\n\n\
+         Parameters: `$1` the key, `$2` the `from` state, `$3` the `to` state, `$4` the machine's \
+         id (`{id}`, the scope of its stored results), `$5` the key as text, and the expected version last (see [`idem::Statements`]).\n\n\
          # The plain UPDATE (SQLite, and PostgreSQL while misses are rare)\n\n\
          Inside the transaction (`BEGIN IMMEDIATE` on SQLite):\n\n```sql\n{lite}\n```\n\n\
          With an expected version, `{version} = $4` replaces `{version} IS NOT NULL`. \
@@ -177,6 +178,7 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
         state = m.state,
         version = m.version,
         results = m.results,
+        id = m.id,
         pg = postgres.transition,
         pg_guarded = postgres.transition_guarded,
         lite = sqlite.transition,

@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     takeovers: AtomicU64,
     dead: AtomicU64,
     purged: AtomicU64,
+    refused: AtomicU64,
+    illegal: AtomicU64,
 }
 
 /// A reading of an inbox's counters.
@@ -19,7 +21,8 @@ pub(crate) struct Counters {
 pub struct InboxCounters {
     /// Deliveries that ran the handler and committed.
     pub applied: u64,
-    /// Deliveries absorbed as duplicates of a processed message.
+    /// Deliveries absorbed as duplicates: of a processed message, or (for a handler that is
+    /// also a transition) of a transition that had already happened.
     pub duplicates: u64,
     /// Deliveries refused: same key, different payload.
     pub conflicts: u64,
@@ -31,6 +34,11 @@ pub struct InboxCounters {
     pub dead: u64,
     /// Records deleted by retention.
     pub purged: u64,
+    /// Deliveries of a handler that is also a transition whose transition was refused
+    /// (not yet, illegal, not found, stale): rolled back and not acked.
+    pub refused: u64,
+    /// Of the refused, those in an illegal state: defects to alert on.
+    pub illegal: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +50,8 @@ pub(crate) enum Counter {
     Takeovers,
     Dead,
     Purged,
+    Refused,
+    Illegal,
 }
 
 impl Counters {
@@ -54,6 +64,8 @@ impl Counters {
             Counter::Takeovers => &self.takeovers,
             Counter::Dead => &self.dead,
             Counter::Purged => &self.purged,
+            Counter::Refused => &self.refused,
+            Counter::Illegal => &self.illegal,
         };
         cell.fetch_add(n, Ordering::Relaxed);
     }
@@ -68,6 +80,8 @@ impl Counters {
             takeovers: get(&self.takeovers),
             dead: get(&self.dead),
             purged: get(&self.purged),
+            refused: get(&self.refused),
+            illegal: get(&self.illegal),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Message keys: what makes two deliveries "the same message".
 
-use crate::key::{Key, KeyError};
+use crate::key::{KeyError, valid_text};
 use core::fmt;
 
 /// The key under which the inbox records a message, unique within a consumer group.
@@ -25,10 +25,7 @@ pub struct MessageKey(String);
 impl MessageKey {
     /// A key taken as is.
     pub fn new(key: impl Into<String>) -> Result<MessageKey, KeyError> {
-        match Key::text(key)? {
-            Key::Text(s) => Ok(MessageKey(s)),
-            Key::Int(_) => unreachable!("Key::text makes text keys"),
-        }
+        valid_text(key.into()).map(MessageKey)
     }
 
     /// The message id the producer assigned once, reused by its retries.

@@ -35,24 +35,24 @@ mod counters;
 mod key;
 mod record;
 mod sql;
+mod stage;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
 pub use key::{AsMessageKey, MessageKey};
 pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
+pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::{
-    Backend, Dialect, Param, WriterGuard, begin_write, begin_write_within, is_conflict,
-};
+use crate::backend::{Backend, Dialect, Param, WriterGuard, begin_write, begin_write_within};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
-use crate::key::{Key, KeyError};
-use crate::retry::Backoff;
+use crate::key::{KeyError, valid_text};
 use crate::stored::bounded;
+use crate::work::{Begun, Work, begin};
 use clock::millis;
 use counters::{Counter, Counters};
-use record::{Found, Stored};
+use record::Found;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -63,15 +63,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What became of a delivery.
+///
+/// `R` is why a handler that is also a transition refused a message
+/// ([`Refusal`](crate::Refusal)); for plain message handlers it is
+/// [`Infallible`](std::convert::Infallible), and `match`es need no arm for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "ack the broker only on `should_ack()`"]
-pub enum Delivery<T> {
+pub enum Delivery<T, R = Infallible> {
     /// This delivery ran the handler, and its record (and, in the transactional mode, its
     /// effects) committed.
     Processed(T),
-    /// The message was processed before: the first result, replayed.
+    /// The message was processed before (or, for a handler that is also a transition, the
+    /// transition had already happened): the first result, replayed. A replay carries the
+    /// result only, never a state: the row may have moved on since.
     Duplicate {
-        /// The first result; `None` if it serialized to `null` or cannot be read back.
+        /// The first result; `None` if nothing was stored: it serialized to `null` (`()`),
+        /// or the transition was done without a stored result.
         first_result: Option<T>,
     },
     /// The key was recorded with a different payload: the first effect stays, this
@@ -90,18 +97,40 @@ pub enum Delivery<T> {
         /// The last attempt's error.
         last_error: Option<String>,
     },
+    /// A handler that is also a transition refused the message: its row is not in the
+    /// transition's source state. Nothing was recorded or applied, so a redelivery is
+    /// evaluated again. Do **not** ack: on [`Refusal::NotYet`](crate::Refusal::NotYet) nack
+    /// with a delay (the message came early); on
+    /// [`Refusal::IllegalState`](crate::Refusal::IllegalState) alert, and let the broker
+    /// dead-letter it after its redeliveries.
+    Refused(R),
 }
 
-impl<T> Delivery<T> {
-    /// Whether to ack the message: `true` unless another delivery is still working on it
-    /// (redelivering a conflict or a dead message cannot change its fate).
+impl<T, R> Delivery<T, R> {
+    /// Whether to ack the message: `true` when it needs no more deliveries — processed, a
+    /// duplicate, a conflict or dead (redelivering those cannot change their fate).
+    /// `false` while another delivery works on it ([`InProgress`](Delivery::InProgress))
+    /// and when a transition refused it ([`Refused`](Delivery::Refused)): nack those.
     pub fn should_ack(&self) -> bool {
-        !matches!(self, Delivery::InProgress { .. })
+        !matches!(self, Delivery::InProgress { .. } | Delivery::Refused(_))
     }
 
     /// `true` only if this delivery ran the handler.
     pub fn is_processed(&self) -> bool {
         matches!(self, Delivery::Processed(_))
+    }
+
+    /// A short, stable name for the variant, for logs and metrics labels: `processed`,
+    /// `duplicate`, `conflict`, `in_progress`, `dead`, `refused`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Delivery::Processed(_) => "processed",
+            Delivery::Duplicate { .. } => "duplicate",
+            Delivery::Conflict => "conflict",
+            Delivery::InProgress { .. } => "in_progress",
+            Delivery::Dead { .. } => "dead",
+            Delivery::Refused(_) => "refused",
+        }
     }
 }
 
@@ -155,10 +184,7 @@ impl Inbox {
     /// An inbox for consumer group `group` (validated like a key), with a 30 s lease,
     /// 5 attempts, no lock timeout and the system clock.
     pub fn new(group: impl Into<String>) -> Result<Inbox, KeyError> {
-        let group = match Key::text(group)? {
-            Key::Text(group) => group,
-            Key::Int(_) => unreachable!("Key::text makes text keys"),
-        };
+        let group = valid_text(group.into())?;
         Ok(Inbox {
             group,
             lease: Duration::from_secs(30),
@@ -230,92 +256,21 @@ impl Inbox {
             .await
     }
 
-    /// [`receive`](Self::receive) with the result codec given (what `#[idempotent]` calls).
-    #[doc(hidden)]
-    pub async fn receive_with<DB: Backend, T, E>(
+    /// [`receive`](Self::receive) with the result codec given.
+    async fn receive_with<DB: Backend, T>(
         &self,
         codec: Codec<T>,
         pool: &Pool<DB>,
         key: &MessageKey,
         payload: &[u8],
-    ) -> Result<Received<DB, T>, Error<E>> {
-        let fingerprint = fingerprint(payload);
-        let mut backoff = Backoff::default();
-        loop {
-            match self.receive_once(codec, pool, key, &fingerprint).await {
-                // Lost a conflict with a concurrent delivery (REPEATABLE READ,
-                // SERIALIZABLE, a deadlock) before the handler ran: try again.
-                Err(Error::Database(e)) if is_conflict(&e) => {
-                    if !backoff.wait().await {
-                        return Err(Error::Contention {
-                            attempts: backoff.attempts(),
-                            last: e,
-                        });
-                    }
-                }
-                other => return other,
-            }
-        }
-    }
-
-    async fn receive_once<DB: Backend, T, E>(
-        &self,
-        codec: Codec<T>,
-        pool: &Pool<DB>,
-        key: &MessageKey,
-        fingerprint: &str,
-    ) -> Result<Received<DB, T>, Error<E>> {
-        let Some((mut tx, writer)) = self.begin(pool).await? else {
-            return Ok(Received::Done(self.in_progress(None)));
-        };
-        let now = self.clock.now_millis();
-        let (group, message) = (Param::Text(&self.group), Param::Text(key.as_str()));
-        let insert = [
-            group,
-            message,
-            Param::Text(fingerprint),
-            Param::Text(record::SUCCESS),
-            Param::Null,
-            Param::Int(now),
-        ];
-        let inserted = match DB::execute(&mut tx, sql::INSERT, &insert).await {
-            Ok(n) => n,
-            Err(e) if lock_not_available(&e) => return Ok(Received::Done(self.in_progress(None))),
-            Err(e) => return Err(e.into()),
-        };
-        let receipt = |tx| Receipt {
-            tx,
-            _writer: writer,
-            inbox: self.clone(),
-            key: key.clone(),
-        };
-        if inserted == 1 {
-            self.end_lock_timeout(&mut tx).await?;
-            reached(FaultPoint::Recorded);
-            return Ok(Received::New(receipt(tx)));
-        }
-        match self.found(&mut tx, key, fingerprint).await? {
-            Found::Retry { attempts, takeover } => {
-                let params = [
-                    group,
-                    message,
-                    Param::Text(record::SUCCESS),
-                    Param::Null,
-                    Param::Int(now),
-                    Param::Int(attempts),
-                ];
-                DB::execute(&mut tx, sql::RETRY, &params).await?;
-                if takeover {
-                    self.counters.add(Counter::Takeovers, 1);
-                }
-                self.end_lock_timeout(&mut tx).await?;
-                reached(FaultPoint::Recorded);
-                Ok(Received::New(receipt(tx)))
-            }
-            found => {
-                tx.rollback().await?;
-                self.done(codec, key, found).map(Received::Done)
-            }
+    ) -> Result<Received<DB, T>, Error<Infallible>> {
+        let plan = InboxPlan::new(InboxStage::new(self, key, payload), codec);
+        match begin(pool, &plan).await {
+            Begun::Run(work) => Ok(Received::New(Receipt {
+                work,
+                stage: plan.stage,
+            })),
+            Begun::Done(done) => done.map(Received::Done),
         }
     }
 
@@ -363,6 +318,9 @@ impl Inbox {
         let Some((mut tx, _writer)) = self.begin(pool).await? else {
             return Ok(Claimed::Done(self.in_progress(None)));
         };
+        if let Some(timeout) = self.lock_timeout {
+            self.start_lock_timeout(&mut tx, timeout).await?;
+        }
         let now = self.clock.now_millis();
         let lease_until = now.saturating_add(millis(self.lease));
         let (group, message) = (Param::Text(&self.group), Param::Text(key.as_str()));
@@ -384,7 +342,7 @@ impl Inbox {
             reached(FaultPoint::Claimed);
             return Ok(Claimed::Work(self.lease_of(key, 1, lease_until)));
         }
-        match self.found(&mut tx, key, &fingerprint).await? {
+        match self.found::<DB>(&mut tx, key, &fingerprint).await? {
             Found::Retry { attempts, .. } if attempts >= self.max_attempts => {
                 // The last attempt died with its lease (a crash): park the message.
                 DB::execute(&mut tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
@@ -412,9 +370,9 @@ impl Inbox {
                 reached(FaultPoint::Claimed);
                 Ok(Claimed::Work(self.lease_of(key, attempts + 1, lease_until)))
             }
-            found => {
+            Found::Ended(ended) => {
                 tx.rollback().await?;
-                self.done(codec::<Result<T, Infallible>>(), key, found)
+                self.ended(codec::<Result<T, Infallible>>(), key, ended)
                     .map(Claimed::Done)
             }
         }
@@ -461,22 +419,25 @@ impl Inbox {
     /// Runs [`purge`](Self::purge) every `every` on a background task. A failed purge is
     /// retried at the next tick; the task ends when the handle is aborted or dropped with
     /// the runtime.
+    ///
+    /// Fails, starting nothing, when called outside a Tokio runtime.
     pub fn spawn_sweeper<DB: Backend>(
         &self,
         pool: Pool<DB>,
         retention: Duration,
         every: Duration,
         batch: u32,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {
+        let runtime = tokio::runtime::Handle::try_current()?;
         let inbox = self.clone();
-        tokio::spawn(async move {
+        Ok(runtime.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let _ = inbox.purge(&pool, retention, batch).await;
             }
-        })
+        }))
     }
 
     /// Opens a write transaction; `None` if the lock timeout ran out waiting for the
@@ -485,97 +446,31 @@ impl Inbox {
         &self,
         pool: &Pool<DB>,
     ) -> Result<Option<(Transaction<'static, DB>, Option<WriterGuard>)>, sqlx::Error> {
-        let (mut tx, writer) = match self.lock_timeout {
+        let (tx, writer) = match self.lock_timeout {
             None => begin_write(pool).await?,
             Some(patience) => match begin_write_within(pool, patience).await? {
                 Some(begun) => begun,
                 None => return Ok(None),
             },
         };
-        if let (Some(timeout), Dialect::Postgres) = (self.lock_timeout, DB::dialect(&tx)) {
-            // SET takes no parameters; the value is our own integer.
-            let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
-            DB::execute(&mut tx, &set, &[]).await?;
-        }
         Ok(Some((tx, writer)))
     }
 
-    /// The lock timeout is for waiting on another delivery of the message, not for the
-    /// handler's own statements: back to the session's setting once the record is held.
-    async fn end_lock_timeout<DB: Backend>(
+    /// Bounds the wait for another delivery's lock on PostgreSQL, for this transaction.
+    async fn start_lock_timeout<DB: Backend>(
         &self,
         tx: &mut Transaction<'static, DB>,
+        timeout: Duration,
     ) -> Result<(), sqlx::Error> {
-        if self.lock_timeout.is_some() && DB::dialect(tx) == Dialect::Postgres {
-            DB::execute(tx, "SET LOCAL lock_timeout = DEFAULT", &[]).await?;
+        if DB::dialect(tx) == Dialect::Postgres {
+            // SET takes no parameters; the value is our own integer.
+            let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
+            DB::execute(tx, &set, &[]).await?;
         }
         Ok(())
     }
 
-    async fn found<DB: Backend, E>(
-        &self,
-        tx: &mut Transaction<'static, DB>,
-        key: &MessageKey,
-        fingerprint: &str,
-    ) -> Result<Found, Error<E>> {
-        let statement = match DB::dialect(tx) {
-            Dialect::Postgres => sql::SELECT_FOR_UPDATE,
-            Dialect::Sqlite => sql::SELECT,
-        };
-        let params = [Param::Text(&self.group), Param::Text(key.as_str())];
-        let Some(mut row) = DB::fetch(tx, statement, &params).await? else {
-            // Inserted by nobody, yet the insert conflicted: the record was purged between
-            // the two statements. Report it rather than guess.
-            return Err(self.corrupt(key, "the record vanished during the delivery"));
-        };
-        let stored = Stored {
-            status: row.take_text("status").unwrap_or_default(),
-            fingerprint: row.take_text("fingerprint").unwrap_or_default(),
-            attempts: row.int("attempts").unwrap_or(0),
-            result: row.take_text("result"),
-            error: row.take_text("error"),
-            lease_until: row.int("lease_until"),
-        };
-        Ok(record::classify(
-            stored,
-            fingerprint,
-            self.clock.now_millis(),
-        ))
-    }
-
-    fn done<T, E>(
-        &self,
-        codec: Codec<T>,
-        key: &MessageKey,
-        found: Found,
-    ) -> Result<Delivery<T>, Error<E>> {
-        Ok(match found {
-            Found::Conflict => {
-                self.counters.add(Counter::Conflicts, 1);
-                Delivery::Conflict
-            }
-            Found::Duplicate(stored) => {
-                self.counters.add(Counter::Duplicates, 1);
-                let first_result = match stored {
-                    Some(json) => Some((codec.decode)(&json).map_err(Error::Result)?),
-                    None => (codec.decode)("null").ok(),
-                };
-                Delivery::Duplicate { first_result }
-            }
-            Found::Dead {
-                attempts,
-                last_error,
-            } => Delivery::Dead {
-                attempts,
-                last_error,
-            },
-            Found::InProgress { lease_until } => self.in_progress(lease_until),
-            Found::Corrupt(problem) => return Err(self.corrupt(key, &problem)),
-            Found::Retry { .. } => unreachable!("retries are handled by the caller"),
-        })
-    }
-
-    fn in_progress<T>(&self, lease_until_millis: Option<i64>) -> Delivery<T> {
+    fn in_progress<T, R>(&self, lease_until_millis: Option<i64>) -> Delivery<T, R> {
         self.counters.add(Counter::InProgress, 1);
         Delivery::InProgress { lease_until_millis }
     }
@@ -628,6 +523,8 @@ impl<T: AsInbox + ?Sized> AsInbox for &T {
 }
 
 /// A transactional delivery: recorded or already handled.
+// The receipt holds the open transaction; boxing it would cost an allocation per delivery.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Received<DB: Backend, T> {
     /// First delivery (or a retry of a failed one): run the handler in
@@ -640,18 +537,14 @@ pub enum Received<DB: Backend, T> {
 /// A recorded delivery whose transaction waits for the handler's effects. Dropping it
 /// rolls the record back: the next delivery will process the message.
 pub struct Receipt<DB: Backend> {
-    tx: Transaction<'static, DB>,
-    // Released after COMMIT or ROLLBACK, when the receipt is dropped.
-    _writer: Option<WriterGuard>,
-    inbox: Inbox,
-    key: MessageKey,
+    work: Work<'static, DB>,
+    stage: InboxStage,
 }
 
 impl<DB: Backend> fmt::Debug for Receipt<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receipt")
-            .field("group", &self.inbox.group)
-            .field("key", &self.key)
+            .field("key", self.stage.key())
             .finish_non_exhaustive()
     }
 }
@@ -659,12 +552,12 @@ impl<DB: Backend> fmt::Debug for Receipt<DB> {
 impl<DB: Backend> Receipt<DB> {
     /// The transaction holding the inbox record: do the handler's effects in it.
     pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
-        &mut self.tx
+        self.work.transaction()
     }
 
     /// The message key.
     pub fn key(&self) -> &MessageKey {
-        &self.key
+        self.stage.key()
     }
 
     /// Commits the record with the handler's result and effects, or rolls everything back
@@ -673,61 +566,8 @@ impl<DB: Backend> Receipt<DB> {
         self,
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
-        self.finish_with(codec::<Result<T, E>>(), result).await
-    }
-
-    /// [`finish`](Self::finish) with the result codec given (what `#[idempotent]` calls).
-    #[doc(hidden)]
-    pub async fn finish_with<T, E>(
-        mut self,
-        codec: Codec<T>,
-        result: Result<T, E>,
-    ) -> Result<Delivery<T>, Error<E>> {
-        let result = match result {
-            Ok(result) => result,
-            Err(e) => {
-                let _ = self.tx.rollback().await;
-                return Err(Error::Handler(e));
-            }
-        };
-        reached(FaultPoint::BodyDone);
-        let json = bounded((codec.encode)(&result).map_err(Error::Result)?)?;
-        if json != "null" {
-            let params = [
-                Param::Text(&self.inbox.group),
-                Param::Text(self.key.as_str()),
-                Param::Text(&json),
-            ];
-            DB::execute(&mut self.tx, sql::STORE_RESULT, &params).await?;
-        }
-        self.tx.commit().await?;
-        reached(FaultPoint::Committed);
-        self.inbox.counters.add(Counter::Applied, 1);
-        Ok(Delivery::Processed(result))
-    }
-}
-
-impl<DB: Backend> Receipt<DB> {
-    /// Ends a delivery whose handler is also a state transition. `Applied` and
-    /// `AlreadyDone` are recorded (a redelivery replays them); `IllegalState`, `NotFound`
-    /// and `StaleVersion` roll the record back and are returned as they are, so a
-    /// redelivery is evaluated again (the usual case: a message that arrived before the
-    /// one it depends on).
-    #[doc(hidden)]
-    pub async fn finish_transition<T, M, E>(
-        self,
-        codec: Codec<crate::Outcome<T, M>>,
-        outcome: crate::Outcome<T, M>,
-    ) -> Result<Delivery<crate::Outcome<T, M>>, Error<E>> {
-        match outcome {
-            crate::Outcome::Applied(_) | crate::Outcome::AlreadyDone { .. } => {
-                self.finish_with(codec, Ok(outcome)).await
-            }
-            refused => {
-                self.tx.rollback().await?;
-                Ok(Delivery::Processed(refused))
-            }
-        }
+        let plan = InboxPlan::new(self.stage, codec::<Result<T, E>>());
+        self.work.finish(&plan, result).await
     }
 }
 
@@ -816,7 +656,7 @@ impl Lease {
         };
         let json = match serde_json::to_string(&value)
             .map_err(Error::Result)
-            .and_then(bounded)
+            .and_then(bounded::<E>)
         {
             Ok(json) => json,
             // The work is done but its result cannot be stored: a failed attempt, so the
@@ -881,13 +721,13 @@ impl Lease {
 }
 
 /// The payload's SHA-256, hex: what "the same content" means.
-fn fingerprint(payload: &[u8]) -> String {
+pub(crate) fn fingerprint(payload: &[u8]) -> String {
     let digest = Sha256::digest(payload);
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// PostgreSQL's lock_timeout expired (SQLSTATE 55P03).
-fn lock_not_available(error: &sqlx::Error) -> bool {
+pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
@@ -919,8 +759,8 @@ mod tests {
     }
 
     #[test]
-    fn only_in_progress_is_nacked() {
-        assert!(Delivery::Processed(1).should_ack());
+    fn in_progress_and_refused_are_nacked() {
+        assert!(Delivery::<_>::Processed(1).should_ack());
         assert!(Delivery::<i32>::Duplicate { first_result: None }.should_ack());
         assert!(Delivery::<i32>::Conflict.should_ack());
         assert!(
@@ -928,6 +768,33 @@ mod tests {
                 lease_until_millis: None
             }
             .should_ack()
+        );
+        let refused: Delivery<i32, crate::Refusal<()>> =
+            Delivery::Refused(crate::Refusal::NotYet {
+                current: (),
+                from: (),
+                to: (),
+            });
+        assert!(!refused.should_ack());
+        assert_eq!(refused.kind(), "refused");
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn the_sweeper_needs_a_runtime_and_says_so() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let pool = runtime
+            .block_on(sqlx::SqlitePool::connect("sqlite::memory:"))
+            .unwrap();
+        // Here, outside `block_on`, no runtime is current.
+        let inbox = Inbox::new("sweeper").unwrap();
+        let started = inbox.spawn_sweeper(pool, Duration::from_secs(1), Duration::from_secs(1), 10);
+        assert!(
+            started.is_err(),
+            "outside a runtime the sweeper is refused, not a panic"
         );
     }
 }

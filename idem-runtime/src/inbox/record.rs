@@ -20,6 +20,15 @@ pub(crate) struct Stored {
 /// What a delivery finds when its key is already recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Found {
+    /// Failed before, or its lease expired: this delivery may try again.
+    Retry { attempts: i64, takeover: bool },
+    /// Nothing for this delivery to do.
+    Ended(Ended),
+}
+
+/// A recorded message this delivery leaves alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ended {
     /// Same key, different payload: never applied, never merged.
     Conflict,
     /// Processed before: replay the first result.
@@ -31,26 +40,24 @@ pub(crate) enum Found {
     },
     /// Another delivery holds a live lease.
     InProgress { lease_until: Option<i64> },
-    /// Failed before, or its lease expired: this delivery may try again.
-    Retry { attempts: i64, takeover: bool },
     /// A status idem does not know.
     Corrupt(String),
 }
 
 pub(crate) fn classify(stored: Stored, fingerprint: &str, now_millis: i64) -> Found {
     if stored.fingerprint != fingerprint {
-        return Found::Conflict;
+        return Found::Ended(Ended::Conflict);
     }
     match stored.status.as_str() {
-        SUCCESS => Found::Duplicate(stored.result),
-        DEAD => Found::Dead {
+        SUCCESS => Found::Ended(Ended::Duplicate(stored.result)),
+        DEAD => Found::Ended(Ended::Dead {
             attempts: stored.attempts,
             last_error: stored.error,
-        },
+        }),
         PROCESSING if stored.lease_until.is_some_and(|until| until > now_millis) => {
-            Found::InProgress {
+            Found::Ended(Ended::InProgress {
                 lease_until: stored.lease_until,
-            }
+            })
         }
         PROCESSING => Found::Retry {
             attempts: stored.attempts,
@@ -60,7 +67,7 @@ pub(crate) fn classify(stored: Stored, fingerprint: &str, now_millis: i64) -> Fo
             attempts: stored.attempts,
             takeover: false,
         },
-        other => Found::Corrupt(format!("unknown status {other:?}")),
+        other => Found::Ended(Ended::Corrupt(format!("unknown status {other:?}"))),
     }
 }
 
@@ -82,7 +89,10 @@ mod tests {
     #[test]
     fn a_different_payload_is_a_conflict_whatever_the_status() {
         for status in [SUCCESS, PROCESSING, FAILED, DEAD] {
-            assert_eq!(classify(stored(status, None), "f2", 0), Found::Conflict);
+            assert_eq!(
+                classify(stored(status, None), "f2", 0),
+                Found::Ended(Ended::Conflict)
+            );
         }
     }
 
@@ -90,14 +100,14 @@ mod tests {
     fn statuses_mean_what_they_say() {
         assert_eq!(
             classify(stored(SUCCESS, None), "f1", 0),
-            Found::Duplicate(Some("7".into()))
+            Found::Ended(Ended::Duplicate(Some("7".into())))
         );
         assert_eq!(
             classify(stored(DEAD, None), "f1", 0),
-            Found::Dead {
+            Found::Ended(Ended::Dead {
                 attempts: 2,
                 last_error: Some("boom".into())
-            }
+            })
         );
         assert_eq!(
             classify(stored(FAILED, None), "f1", 0),
@@ -108,7 +118,7 @@ mod tests {
         );
         assert_eq!(
             classify(stored("DONE", None), "f1", 0),
-            Found::Corrupt("unknown status \"DONE\"".into())
+            Found::Ended(Ended::Corrupt("unknown status \"DONE\"".into()))
         );
     }
 
@@ -116,9 +126,9 @@ mod tests {
     fn a_lease_is_live_until_it_expires() {
         assert_eq!(
             classify(stored(PROCESSING, Some(100)), "f1", 99),
-            Found::InProgress {
+            Found::Ended(Ended::InProgress {
                 lease_until: Some(100)
-            }
+            })
         );
         assert_eq!(
             classify(stored(PROCESSING, Some(100)), "f1", 100),

@@ -1,0 +1,358 @@
+//! The inbox as a stage of a unit of work, and the plans of message handlers: the inbox
+//! alone, and the inbox followed by a transition.
+
+use super::counters::Counter;
+use super::record::{self, Ended, Found, Stored};
+use super::{Delivery, Inbox, MessageKey, fingerprint, lock_not_available, sql};
+use crate::backend::{Backend, Dialect, Param};
+use crate::engine::{NotMoved, TransitionStage, replay};
+use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
+use crate::glue::Codec;
+use crate::outcome::Refusal;
+use crate::work::{Entered, GaveUp, Plan, Staged};
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// The inbox stage: records the delivery under its key in the unit of work's transaction.
+pub struct InboxStage {
+    inbox: Inbox,
+    key: MessageKey,
+    fingerprint: String,
+}
+
+/// A delivery recorded in the open transaction, waiting for the handler's result.
+pub struct Recorded {
+    inbox: Inbox,
+    key: MessageKey,
+}
+
+impl InboxStage {
+    /// The stage recording `key` (with the fingerprint of `payload`) in `inbox`.
+    pub fn new(inbox: &Inbox, key: &MessageKey, payload: &[u8]) -> Self {
+        InboxStage {
+            inbox: inbox.clone(),
+            key: key.clone(),
+            fingerprint: fingerprint(payload),
+        }
+    }
+
+    pub(crate) fn key(&self) -> &MessageKey {
+        &self.key
+    }
+
+    fn patience(&self) -> Option<Duration> {
+        self.inbox.lock_timeout
+    }
+
+    /// Records the delivery: `Ok` if this delivery is to run the handler, otherwise what
+    /// became of the message before.
+    pub(crate) async fn enter<DB: Backend, T, R>(
+        &self,
+        conn: &mut DB::Connection,
+        codec: Codec<T>,
+    ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
+        let inbox = &self.inbox;
+        let postgres = DB::dialect(conn) == Dialect::Postgres;
+        if let (Some(timeout), true) = (inbox.lock_timeout, postgres) {
+            // SET takes no parameters; the value is our own integer.
+            let set = format!(
+                "SET LOCAL lock_timeout = '{}ms'",
+                super::clock::millis(timeout).max(1)
+            );
+            DB::execute(conn, &set, &[]).await?;
+        }
+        let now = inbox.clock.now_millis();
+        let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
+        let insert = [
+            group,
+            message,
+            Param::Text(&self.fingerprint),
+            Param::Text(record::SUCCESS),
+            Param::Null,
+            Param::Int(now),
+        ];
+        let inserted = match DB::execute(conn, sql::INSERT, &insert).await {
+            Ok(n) => n,
+            Err(e) if lock_not_available(&e) => return Ok(Err(inbox.in_progress(None))),
+            Err(e) => return Err(e.into()),
+        };
+        if inserted != 1 {
+            match inbox
+                .found::<DB>(conn, &self.key, &self.fingerprint)
+                .await?
+            {
+                Found::Retry { attempts, takeover } => {
+                    let params = [
+                        group,
+                        message,
+                        Param::Text(record::SUCCESS),
+                        Param::Null,
+                        Param::Int(now),
+                        Param::Int(attempts),
+                    ];
+                    DB::execute(conn, sql::RETRY, &params).await?;
+                    if takeover {
+                        inbox.counters.add(Counter::Takeovers, 1);
+                    }
+                }
+                Found::Ended(ended) => return inbox.ended(codec, &self.key, ended).map(Err),
+            }
+        }
+        if inbox.lock_timeout.is_some() && postgres {
+            // The lock timeout is for waiting on another delivery of the message, not for
+            // the handler's own statements: back to the session's setting.
+            DB::execute(conn, "SET LOCAL lock_timeout = DEFAULT", &[]).await?;
+        }
+        reached(FaultPoint::Recorded);
+        Ok(Ok(Recorded {
+            inbox: inbox.clone(),
+            key: self.key.clone(),
+        }))
+    }
+}
+
+impl Recorded {
+    /// Stores the handler's result (JSON, not `null`) in the record.
+    pub(crate) async fn store<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: &str,
+    ) -> Result<(), sqlx::Error> {
+        let params = [
+            Param::Text(&self.inbox.group),
+            Param::Text(self.key.as_str()),
+            Param::Text(json),
+        ];
+        DB::execute(conn, sql::STORE_RESULT, &params)
+            .await
+            .map(drop)
+    }
+
+    /// Counts a delivery whose handler ran and committed.
+    pub(crate) fn applied(&self) {
+        self.inbox.counters.add(Counter::Applied, 1);
+    }
+}
+
+/// The plan of a message handler: one stage, the inbox; replies with a [`Delivery`].
+pub struct InboxPlan<T> {
+    pub(crate) stage: InboxStage,
+    codec: Codec<T>,
+}
+
+impl<T> InboxPlan<T> {
+    /// The plan recording `stage`'s delivery, with the result codec `codec`.
+    pub fn new(stage: InboxStage, codec: Codec<T>) -> Self {
+        InboxPlan { stage, codec }
+    }
+}
+
+impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
+    type Value = T;
+    type Reply = Delivery<T>;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Delivery<T>>)> {
+        let gave_up: GaveUp<Self, Delivery<T>> = |plan| plan.stage.inbox.in_progress(None);
+        self.stage.patience().map(|patience| (patience, gave_up))
+    }
+
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+    ) -> Result<Entered<Delivery<T>>, Error<Infallible>> {
+        Ok(
+            match self
+                .stage
+                .enter::<DB, T, Infallible>(tx, self.codec)
+                .await?
+            {
+                Ok(recorded) => Entered::Run(Staged {
+                    moved: None,
+                    recorded: Some(recorded),
+                }),
+                Err(delivery) => Entered::Done {
+                    reply: delivery,
+                    commit: false,
+                },
+            },
+        )
+    }
+
+    fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
+        (self.codec.encode)(value).map_err(Error::Result)
+    }
+
+    fn applied(&self, value: T) -> Delivery<T> {
+        Delivery::Processed(value)
+    }
+}
+
+/// The plan of a message handler that is also a transition: the inbox stage, then the
+/// transition stage. Replies with a [`Delivery`] whose refusals are [`Refusal`]s.
+///
+/// - the row moved: the body runs; its result is stored with the transition and in the
+///   record ([`Delivery::Processed`]);
+/// - the transition had already happened (through another message or a direct call): the
+///   record is kept with the transition's first result, which is replayed
+///   ([`Delivery::Duplicate`], now and on every redelivery);
+/// - not yet, illegal, not found, stale: the record is rolled back and the refusal
+///   returned ([`Delivery::Refused`], not acked), so a redelivery is evaluated again.
+pub struct ConsumerTransitionPlan<T, M> {
+    inbox: InboxStage,
+    transition: TransitionStage<M>,
+    codec: Codec<T>,
+}
+
+impl<T, M> ConsumerTransitionPlan<T, M> {
+    /// The plan recording `inbox`'s delivery, then attempting `transition`.
+    pub fn new(inbox: InboxStage, transition: TransitionStage<M>, codec: Codec<T>) -> Self {
+        ConsumerTransitionPlan {
+            inbox,
+            transition,
+            codec,
+        }
+    }
+}
+
+impl<DB: Backend, T, M> Plan<DB> for ConsumerTransitionPlan<T, M>
+where
+    M: Send + Sync,
+{
+    type Value = T;
+    type Reply = Delivery<T, Refusal<M>>;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        self.transition.check()
+    }
+
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Self::Reply>)> {
+        let gave_up: GaveUp<Self, Self::Reply> = |plan| plan.inbox.inbox.in_progress(None);
+        self.inbox.patience().map(|patience| (patience, gave_up))
+    }
+
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+    ) -> Result<Entered<Self::Reply>, Error<Infallible>> {
+        let recorded = match self
+            .inbox
+            .enter::<DB, T, Refusal<M>>(tx, self.codec)
+            .await?
+        {
+            Ok(recorded) => recorded,
+            Err(delivery) => {
+                return Ok(Entered::Done {
+                    reply: delivery,
+                    commit: false,
+                });
+            }
+        };
+        let counters = &self.inbox.inbox.counters;
+        Ok(match self.transition.enter::<DB>(tx).await? {
+            Ok(moved) => Entered::Run(Staged {
+                moved: Some(moved),
+                recorded: Some(recorded),
+            }),
+            Err(NotMoved::AlreadyDone { first_result, .. }) => {
+                // Done before, by another message or call: this message is a duplicate
+                // of it. Keep the record, with the first result to replay.
+                if let Some(json) = &first_result {
+                    recorded.store::<DB>(tx, json).await?;
+                }
+                counters.add(Counter::Duplicates, 1);
+                Entered::Done {
+                    reply: Delivery::Duplicate {
+                        first_result: replay(self.codec, first_result)?,
+                    },
+                    commit: true,
+                }
+            }
+            Err(NotMoved::Refused(refusal)) => {
+                counters.add(Counter::Refused, 1);
+                if refusal.is_illegal() {
+                    counters.add(Counter::Illegal, 1);
+                }
+                Entered::Done {
+                    reply: Delivery::Refused(refusal),
+                    commit: false,
+                }
+            }
+        })
+    }
+
+    fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
+        (self.codec.encode)(value).map_err(Error::Result)
+    }
+
+    fn applied(&self, value: T) -> Self::Reply {
+        Delivery::Processed(value)
+    }
+}
+
+impl Inbox {
+    /// What a delivery that found the message recorded replies.
+    pub(crate) fn ended<T, R, E>(
+        &self,
+        codec: Codec<T>,
+        key: &MessageKey,
+        ended: Ended,
+    ) -> Result<Delivery<T, R>, Error<E>> {
+        Ok(match ended {
+            Ended::Conflict => {
+                self.counters.add(Counter::Conflicts, 1);
+                Delivery::Conflict
+            }
+            Ended::Duplicate(stored) => {
+                self.counters.add(Counter::Duplicates, 1);
+                Delivery::Duplicate {
+                    first_result: replay(codec, stored)?,
+                }
+            }
+            Ended::Dead {
+                attempts,
+                last_error,
+            } => Delivery::Dead {
+                attempts,
+                last_error,
+            },
+            Ended::InProgress { lease_until } => self.in_progress(lease_until),
+            Ended::Corrupt(problem) => return Err(self.corrupt(key, &problem)),
+        })
+    }
+
+    pub(crate) async fn found<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &MessageKey,
+        fingerprint: &str,
+    ) -> Result<Found, Error<Infallible>> {
+        let statement = match DB::dialect(conn) {
+            Dialect::Postgres => sql::SELECT_FOR_UPDATE,
+            Dialect::Sqlite => sql::SELECT,
+        };
+        let params = [Param::Text(&self.group), Param::Text(key.as_str())];
+        let Some(mut row) = DB::fetch(conn, statement, &params).await? else {
+            // Inserted by nobody, yet the insert conflicted: the record was purged between
+            // the two statements. Report it rather than guess.
+            return Err(self.corrupt(key, "the record vanished during the delivery"));
+        };
+        let stored = Stored {
+            status: row.take_text("status").unwrap_or_default(),
+            fingerprint: row.take_text("fingerprint").unwrap_or_default(),
+            attempts: row.int("attempts").unwrap_or(0),
+            result: row.take_text("result"),
+            error: row.take_text("error"),
+            lease_until: row.int("lease_until"),
+        };
+        Ok(record::classify(
+            stored,
+            fingerprint,
+            self.clock.now_millis(),
+        ))
+    }
+}

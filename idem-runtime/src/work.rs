@@ -1,0 +1,289 @@
+//! One unit of work: **begin → stages → body → finish**.
+//!
+//! Every call idem makes on a handler's behalf has this shape, whatever it combines:
+//!
+//! 1. **begin** — a write transaction from the pool (the SQLite writer's turn first, the
+//!    inbox's lock timeout if it has one), or a savepoint in a transaction the caller owns;
+//! 2. **stages**, in order, in that transaction — the inbox record, the transition's
+//!    conditional UPDATE. Each either lets the call go on, or ends it with a reply (a
+//!    duplicate, a refusal, …) that rolls back or commits what the stages wrote. A conflict
+//!    lost here (serialization failure, deadlock, busy database) rolls back and begins
+//!    again, with bounded backoff: the body has not run, so nothing can be duplicated;
+//! 3. **the body**, only if every stage let the call go on, in the same transaction;
+//! 4. **finish** — the body's result encoded once and bounded, stored by each stage that
+//!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters.
+//!
+//! A [`Plan`] is the list of stages of one kind of call and the shape of its reply; the
+//! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`] says,
+//! runs the body and calls [`Work::finish`], the same two calls for every combination.
+
+use crate::backend::{Backend, WriterGuard, begin_write, begin_write_within, is_conflict};
+use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
+use crate::retry::Backoff;
+use crate::stored::bounded;
+use core::future::Future;
+use sqlx::{Connection, Pool, Transaction};
+use std::convert::Infallible;
+use std::time::Duration;
+
+pub(crate) use crate::engine::Moved;
+pub(crate) use crate::inbox::Recorded;
+
+/// What the stages of a call found.
+pub enum Entered<R> {
+    /// Every stage lets the call go on: run the body, then [`Work::finish`].
+    Run(Staged),
+    /// The call ends here with `reply`; `commit` says whether the stages' writes are kept
+    /// (an inbox record of a delivery that had nothing left to do) or rolled back.
+    Done {
+        /// What the caller gets.
+        reply: R,
+        /// Keep the stages' writes.
+        commit: bool,
+    },
+}
+
+/// What the stages leave for [`Work::finish`] to store with the body's result.
+#[derive(Default)]
+pub struct Staged {
+    pub(crate) moved: Option<Moved>,
+    pub(crate) recorded: Option<Recorded>,
+}
+
+/// Makes the reply of a call that gave up waiting for the writer's turn.
+pub type GaveUp<P, R> = fn(&P) -> R;
+
+/// The stages of one kind of call, and the shape of its reply.
+pub trait Plan<DB: Backend>: Sync {
+    /// The body's success value.
+    type Value;
+    /// What the call returns when it does not fail.
+    type Reply;
+
+    /// Checks the call's input (its keys) before any statement runs.
+    fn check(&self) -> Result<(), Error<Infallible>>;
+
+    /// How long to wait for the writer's turn (SQLite), and the reply when that runs out.
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Self::Reply>)> {
+        None
+    }
+
+    /// Runs the stages in `tx`.
+    fn enter<'a>(
+        &'a self,
+        tx: &'a mut DB::Connection,
+    ) -> impl Future<Output = Result<Entered<Self::Reply>, Error<Infallible>>> + Send + 'a;
+
+    /// The body's value, serialized (`"null"` for nothing to store).
+    fn encode(&self, value: &Self::Value) -> Result<String, Error<Infallible>>;
+
+    /// The reply of a call whose body ran and committed.
+    fn applied(&self, value: Self::Value) -> Self::Reply;
+}
+
+/// A call after its stages: either the body runs now in [`Work::transaction`], or the call
+/// is over.
+pub enum Begun<'c, DB: Backend, R> {
+    /// Run the body, then [`Work::finish`].
+    Run(Work<'c, DB>),
+    /// Nothing (more) to do: the reply, or the error. The transaction is already ended.
+    Done(Result<R, Error<Infallible>>),
+}
+
+/// An open unit of work whose stages all let the call go on, waiting for the body's
+/// result. Dropping it rolls everything back.
+pub struct Work<'c, DB: Backend> {
+    tx: Transaction<'c, DB>,
+    // Released after COMMIT or ROLLBACK, when the work is dropped.
+    _writer: Option<WriterGuard>,
+    staged: Staged,
+}
+
+/// Where a handler's unit of work runs: a pool (idem begins and commits a transaction of
+/// its own) or a transaction the caller owns (idem works in a savepoint of it; the caller
+/// commits).
+///
+/// An `#[idempotent]` handler takes either as its first argument:
+/// `pay(&pool, 7, 1000)` or `pay(&mut tx, 7, 1000)` (inside another handler's body:
+/// `pay(&mut *tx, 7, 1000)`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is neither a pool nor a transaction of this handler's database",
+    label = "pass `&pool` (idem begins and commits) or `&mut tx` (inside your transaction)",
+    note = "inside another handler's body, pass the transaction on: `&mut *tx`"
+)]
+pub trait Source<'c, DB: Backend>: Send + sealed::Sealed {
+    /// Where the unit of work begins.
+    #[doc(hidden)]
+    fn origin(self) -> Origin<'c, DB>;
+}
+
+/// Where a unit of work begins, see [`Source`].
+#[doc(hidden)]
+pub enum Origin<'c, DB: Backend> {
+    /// A transaction of its own, from this pool.
+    Pool(Pool<DB>),
+    /// A savepoint on this connection, inside the caller's transaction.
+    Within(&'c mut DB::Connection),
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<DB: sqlx::Database> Sealed for &sqlx::Pool<DB> {}
+    impl<DB: sqlx::Database> Sealed for &mut sqlx::Transaction<'_, DB> {}
+}
+
+impl<'c, DB: Backend> Source<'c, DB> for &Pool<DB> {
+    fn origin(self) -> Origin<'c, DB> {
+        Origin::Pool(self.clone())
+    }
+}
+
+impl<'c, DB: Backend> Source<'c, DB> for &'c mut Transaction<'_, DB> {
+    fn origin(self) -> Origin<'c, DB> {
+        Origin::Within(&mut **self)
+    }
+}
+
+/// Begins a unit of work where `origin` says.
+pub async fn start<'c, DB: Backend, P: Plan<DB>>(
+    origin: Origin<'c, DB>,
+    plan: &P,
+) -> Begun<'c, DB, P::Reply> {
+    match origin {
+        Origin::Pool(pool) => begin(&pool, plan).await,
+        Origin::Within(conn) => begin_in(conn, plan).await,
+    }
+}
+
+/// Begins a unit of work in a transaction of its own from `pool`, retrying the stages
+/// while they lose conflicts (the body has not run yet).
+pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
+    pool: &Pool<DB>,
+    plan: &P,
+) -> Begun<'c, DB, P::Reply> {
+    if let Err(e) = plan.check() {
+        return Begun::Done(Err(e));
+    }
+    let mut backoff = Backoff::default();
+    loop {
+        let (mut tx, writer) = match plan.patience() {
+            None => match begin_write(pool).await {
+                Ok(begun) => begun,
+                Err(e) => return Begun::Done(Err(e.into())),
+            },
+            Some((patience, gave_up)) => match begin_write_within(pool, patience).await {
+                Ok(Some(begun)) => begun,
+                Ok(None) => return Begun::Done(Ok(gave_up(plan))),
+                Err(e) => return Begun::Done(Err(e.into())),
+            },
+        };
+        match plan.enter(&mut tx).await {
+            Ok(Entered::Run(staged)) => {
+                return Begun::Run(Work {
+                    tx,
+                    _writer: writer,
+                    staged,
+                });
+            }
+            Ok(Entered::Done { reply, commit }) => {
+                let ended = if commit {
+                    tx.commit().await
+                } else {
+                    tx.rollback().await
+                };
+                return Begun::Done(ended.map(|()| reply).map_err(Error::from));
+            }
+            // Lost a conflict before the body ran: the transaction is gone (dropped, so
+            // rolled back), nothing was applied, and a fresh one may win.
+            Err(Error::Database(e)) if is_conflict(&e) => {
+                drop(tx);
+                if !backoff.wait().await {
+                    return Begun::Done(Err(Error::Contention {
+                        attempts: backoff.attempts(),
+                        last: e,
+                    }));
+                }
+            }
+            Err(e) => return Begun::Done(Err(e)),
+        }
+    }
+}
+
+/// Begins a unit of work in a savepoint of the caller's transaction. A refusal or an
+/// error rolls back to the savepoint, so the caller's earlier work stays; the caller
+/// commits. A conflict is not retried here (the caller's transaction is lost with it):
+/// it is returned, and [`Error::is_conflict`] tells the caller to retry the whole of it.
+pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
+    conn: &'c mut DB::Connection,
+    plan: &P,
+) -> Begun<'c, DB, P::Reply> {
+    if let Err(e) = plan.check() {
+        return Begun::Done(Err(e));
+    }
+    let mut savepoint = match Connection::begin(conn).await {
+        Ok(savepoint) => savepoint,
+        Err(e) => return Begun::Done(Err(e.into())),
+    };
+    match plan.enter(&mut savepoint).await {
+        Ok(Entered::Run(staged)) => Begun::Run(Work {
+            tx: savepoint,
+            _writer: None,
+            staged,
+        }),
+        Ok(Entered::Done { reply, commit }) => {
+            let ended = if commit {
+                savepoint.commit().await
+            } else {
+                savepoint.rollback().await
+            };
+            Begun::Done(ended.map(|()| reply).map_err(Error::from))
+        }
+        Err(e) => Begun::Done(Err(e)),
+    }
+}
+
+impl<'c, DB: Backend> Work<'c, DB> {
+    /// The transaction the body runs in.
+    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
+        &mut self.tx
+    }
+
+    /// Ends the call with the body's result: stores it for every stage that keeps one and
+    /// commits, or rolls everything back if the body failed.
+    pub async fn finish<P: Plan<DB>, E>(
+        mut self,
+        plan: &P,
+        result: Result<P::Value, E>,
+    ) -> Result<P::Reply, Error<E>> {
+        let value = match result {
+            Ok(value) => value,
+            Err(e) => {
+                // The connection may be gone; the handler's error is the one to report,
+                // and an unfinished transaction is rolled back by the server anyway.
+                let _ = self.tx.rollback().await;
+                return Err(Error::Handler(e));
+            }
+        };
+        reached(FaultPoint::BodyDone);
+        let json = plan
+            .encode(&value)
+            .and_then(bounded)
+            .map_err(Error::widen)?;
+        // A result that serializes to `null` (`()`, `None`) replays without storage.
+        if json != "null" {
+            if let Some(moved) = &self.staged.moved {
+                moved.store::<DB>(&mut self.tx, &json).await?;
+            }
+            if let Some(recorded) = &self.staged.recorded {
+                recorded.store::<DB>(&mut self.tx, &json).await?;
+            }
+        }
+        self.tx.commit().await?;
+        reached(FaultPoint::Committed);
+        if let Some(recorded) = &self.staged.recorded {
+            recorded.applied();
+        }
+        Ok(plan.applied(value))
+    }
+}
