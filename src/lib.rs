@@ -89,3 +89,34 @@ pub use idem_runtime::*;
 
 #[doc(hidden)]
 pub use idem_runtime::__private;
+
+/// A declared transition of a machine, checked at compile time: an unknown state or an
+/// undeclared transition stops the build with a message that lists what the machine
+/// declares. For [`run`] and the other APIs that take a [`Transition`].
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// const PAY: idem::Transition = idem::transition!(Order, "CREATED" => "PAID");
+/// assert_eq!((PAY.from_name(), PAY.to_name()), ("CREATED", "PAID"));
+/// ```
+///
+/// ```compile_fail
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// // error: state machine `Order` declares no transition `PAID` -> `CREATED`; …
+/// let back = idem::transition!(Order, "PAID" => "CREATED");
+/// ```
+#[macro_export]
+macro_rules! transition {
+    ($machine:ty, $from:expr => $to:expr $(,)?) => {{
+        const TRANSITION: $crate::Transition =
+            match $crate::Transition::try_new::<$machine>($from, $to) {
+                ::core::result::Result::Ok(transition) => transition,
+                ::core::result::Result::Err(message) => ::core::panic!("{}", message.as_str()),
+            };
+        TRANSITION
+    }};
+}

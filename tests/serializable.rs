@@ -150,9 +150,19 @@ async fn conflicts_after_the_body_roll_back_and_retry_applies_once() {
     }
 }
 
-/// `idem::retry` gives up after its attempts with `Contention`, when every attempt loses.
+/// A real serialization failure (SQLSTATE 40001) from PostgreSQL.
+async fn conflict(pool: &sqlx::PgPool) -> sqlx::Error {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err()
+}
+
+/// `idem::retry` gives up after its attempts, when every attempt loses; a conflict in the
+/// body comes back as the body's error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_gives_up_with_contention() {
+async fn retry_gives_up_after_its_attempts() {
     let Some(pool) = common::postgres("serializable_retry", 1).await else {
         return;
     };
@@ -161,24 +171,94 @@ async fn retry_gives_up_with_contention() {
     let result: Result<(), idem::Error<sqlx::Error>> = idem::retry(|| {
         calls += 1;
         let pool = pool.clone();
-        async move {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SELECT 1").execute(&mut *tx).await?;
-            Err(idem::Error::Handler(
-                sqlx::query("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$")
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap_err(),
-            ))
-        }
+        async move { Err(idem::Error::Handler(conflict(&pool).await)) }
     })
     .await;
     match result {
-        Err(idem::Error::Contention { attempts, last }) => {
-            assert_eq!(attempts, 8);
+        Err(idem::Error::Handler(last)) => {
             assert_eq!(calls, 8);
             assert!(idem::is_transient(&last), "{last}");
         }
-        other => panic!("expected Contention, got {other:?}"),
+        other => panic!("expected the last conflict, got {other:?}"),
     }
+    // A conflict in idem's own statements (here: a stand-in for COMMIT) gives Contention.
+    let mut calls = 0;
+    let result: Result<(), idem::Error<sqlx::Error>> = idem::retry(|| {
+        calls += 1;
+        let pool = pool.clone();
+        async move { Err(idem::Error::Database(conflict(&pool).await)) }
+    })
+    .await;
+    assert!(
+        matches!(result, Err(idem::Error::Contention { attempts: 8, .. })),
+        "{result:?}"
+    );
+    assert_eq!(calls, 8);
+}
+
+/// A handler error that wraps the conflict: boxed, it is found through its `source()`
+/// chain by `retry`; in a type of the user's own, by `retry_when(is_conflict_source)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_wrapped_in_handler_errors_are_retried() {
+    let Some(pool) = common::postgres("serializable_wrapped", 1).await else {
+        return;
+    };
+    #[derive(Debug)]
+    enum PayError {
+        Db(sqlx::Error),
+    }
+    impl std::fmt::Display for PayError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("payment failed")
+        }
+    }
+    impl std::error::Error for PayError {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            match self {
+                PayError::Db(e) => Some(e),
+            }
+        }
+    }
+    type Boxed = Box<dyn std::error::Error + Send + Sync>;
+
+    // Boxed, and wrapped once more inside the box: `retry` sees it.
+    let mut calls = 0;
+    let result: Result<(), idem::Error<Boxed>> = idem::retry(|| {
+        calls += 1;
+        let pool = pool.clone();
+        async move {
+            let wrapped: Boxed = Box::new(PayError::Db(conflict(&pool).await));
+            Err(idem::Error::Handler(wrapped))
+        }
+    })
+    .await;
+    assert!(matches!(result, Err(idem::Error::Handler(_))), "{result:?}");
+    assert_eq!(calls, 8, "a boxed conflict is retried");
+
+    // A type of the user's own: `retry` cannot see into it...
+    let mut calls = 0;
+    let result: Result<(), idem::Error<PayError>> = idem::retry(|| {
+        calls += 1;
+        let pool = pool.clone();
+        async move { Err(idem::Error::Handler(PayError::Db(conflict(&pool).await))) }
+    })
+    .await;
+    assert!(result.is_err());
+    assert_eq!(
+        calls, 1,
+        "without a way to look inside, it is the handler's to judge"
+    );
+    // ...`retry_when` with `is_conflict_source` does.
+    let mut calls = 0;
+    let result: Result<(), idem::Error<PayError>> = idem::retry_when(
+        |e| idem::is_conflict_source(e),
+        || {
+            calls += 1;
+            let pool = pool.clone();
+            async move { Err(idem::Error::Handler(PayError::Db(conflict(&pool).await))) }
+        },
+    )
+    .await;
+    assert!(result.is_err());
+    assert_eq!(calls, 8);
 }

@@ -412,7 +412,7 @@ async fn any_pool(url: &str) -> sqlx::AnyPool {
 /// The same protocol without the macro, for code that builds transitions at run time.
 #[tokio::test]
 async fn run_without_the_macro() {
-    const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
+    const PAY: idem::Transition = idem::transition!(Order, "CREATED" => "PAID");
     let pool = common::sqlite_memory().await;
     idem::create_results_table::<Order, _>(&pool).await.unwrap();
     sqlx::query("INSERT INTO orders (order_id, status) VALUES (9, 'CREATED')")

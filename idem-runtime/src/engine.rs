@@ -29,7 +29,7 @@ const LOST_RACE_ATTEMPTS: usize = 3;
 /// # #[machine(table = "orders", key = "id")]
 /// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
-/// const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
+/// const PAY: idem::Transition = idem::transition!(Order, "CREATED" => "PAID");
 /// let outcome: idem::Outcome<(), Order> = idem::run(&pool, PAY, idem::Key::Int(7).into(), None,
 ///     async |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
 ///         sqlx::query("INSERT INTO payments (order_id) VALUES (7)").execute(&mut **tx).await?;
@@ -63,7 +63,8 @@ where
     );
     match begin(pool, &plan).await {
         Begun::Run(mut work) => {
-            let result = body(work.transaction()).await;
+            let held = work.held();
+            let result = held.run(body(work.transaction())).await;
             work.finish(&plan, result).await
         }
         Begun::Done(done) => done.map_err(Error::widen),

@@ -110,19 +110,25 @@ impl<E> Error<E> {
     /// failure or deadlock (PostgreSQL 40001, 40P01), a busy SQLite database — after idem
     /// could no longer retry it alone: at COMMIT, or in a statement of the body. Everything
     /// was rolled back, so calling the handler again is safe and may apply; [`retry`]
-    /// does that. A handler error counts when it is a [`sqlx::Error`] itself (the body's
-    /// `?` on a statement); wrapped in another type, it is the handler's to judge.
+    /// does that.
+    ///
+    /// A handler error counts when idem can see the `sqlx::Error` inside it without knowing
+    /// its type: an `sqlx::Error` itself (the body's `?` on a statement), a boxed
+    /// `dyn std::error::Error` (`Box<dyn Error + Send + Sync>`, …, whose `source()` chain is
+    /// walked), or an `idem::Error<sqlx::Error>` (a handler called from another handler's
+    /// body). For an error type of your own (a `thiserror` enum, `anyhow::Error`), use
+    /// [`is_conflict_source`], which walks any error's chain, with [`retry_when`].
     ///
     /// [`retry`]: crate::retry()
+    /// [`retry_when`]: crate::retry_when()
+    /// [`is_conflict_source`]: crate::is_conflict_source()
     pub fn is_conflict(&self) -> bool
     where
         E: 'static,
     {
         match self {
             Error::Database(e) => crate::backend::is_conflict(e),
-            Error::Handler(e) => (e as &dyn core::any::Any)
-                .downcast_ref::<sqlx::Error>()
-                .is_some_and(crate::backend::is_conflict),
+            Error::Handler(e) => crate::conflict::handler_conflict(e),
             _ => false,
         }
     }

@@ -6,6 +6,7 @@
 mod backend;
 mod classification;
 mod classify;
+mod conflict;
 mod engine;
 mod error;
 mod fallible;
@@ -29,6 +30,7 @@ mod work;
 pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
 pub use classification::{Classification, set_postgres_classification};
+pub use conflict::is_conflict_source;
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
 pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
@@ -36,11 +38,11 @@ pub use inbox::migrate;
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
 pub use outcome::{Outcome, OutcomeKind, Refusal};
-pub use retry::retry;
+pub use retry::{retry, retry_when};
 pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
 pub use stored::MAX_RESULT_LEN;
-pub use transition::Transition;
+pub use transition::{Transition, TransitionError};
 pub use work::Source;
 
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a
@@ -51,7 +53,9 @@ pub mod __private {
     pub use crate::engine::{TransitionPlan, TransitionStage};
     pub use crate::glue::{Codec, MachineRef, codec, machine};
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
-    pub use crate::work::{Begun, Entered, Origin, Plan, Staged, Work, begin, begin_in, start};
+    pub use crate::work::{
+        Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,
+    };
     pub use core::convert::AsRef;
     pub use sqlx::Pool;
 
@@ -60,7 +64,7 @@ pub mod __private {
     pub fn body<R, F: core::future::Future<Output = R>>(body: F) -> F {
         body
     }
-    pub use crate::transition::{Message, resolve, state_error, transition_error};
+    pub use crate::transition::{resolve, state_error, transition_error};
     pub use core::option::Option::{None, Some};
     pub use core::panic;
     pub use core::result::Result;

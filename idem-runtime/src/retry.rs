@@ -48,12 +48,15 @@ impl Backoff {
 /// alone ([`Error::is_conflict`]: a serialization failure at COMMIT or in the body's
 /// statements, typical under SERIALIZABLE), with the same bounded, jittered backoff idem
 /// uses before the body (8 attempts in all, 5 ms doubling to 250 ms). Each failed attempt
-/// was rolled back whole, so no effect can be duplicated. Gives up with
-/// [`Error::Contention`]; every other outcome and error is returned as it is.
+/// was rolled back whole, so no effect can be duplicated. When every attempt lost, it gives
+/// up with [`Error::Contention`] if the last conflict was in idem's own statements (COMMIT),
+/// or with the last attempt's error as it is (a conflict in the body); every other outcome
+/// and error is returned at once.
 ///
 /// Conflicts before the body are already retried inside each call; this is for the rest.
 /// Only the database work is repeated: keep calls to the outside world out of handler
-/// bodies (see the leased inbox).
+/// bodies (see the leased inbox). For handler errors of your own type, see
+/// [`retry_when`].
 ///
 /// ```
 /// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,38 +75,40 @@ impl Backoff {
 /// let outcome = idem::retry(|| pay(&pool, 7)).await?;
 /// # let _ = outcome; Ok(()) }
 /// ```
-pub async fn retry<T, E, F, Fut>(mut call: F) -> Result<T, Error<E>>
+pub async fn retry<T, E, F, Fut>(call: F) -> Result<T, Error<E>>
 where
     E: 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Error<E>>>,
+{
+    retry_when(Error::is_conflict, call).await
+}
+
+/// [`retry`] with your own test of what a conflict is: for handler error types idem cannot
+/// see into, such as a `thiserror` enum wrapping `sqlx::Error`
+/// (`|e| idem::is_conflict_source(e)`, which walks the error's `source()` chain).
+pub async fn retry_when<T, E, P, F, Fut>(mut is_conflict: P, mut call: F) -> Result<T, Error<E>>
+where
+    P: FnMut(&Error<E>) -> bool,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Error<E>>>,
 {
     let mut backoff = Backoff::default();
     loop {
         match call().await {
-            Err(e) if e.is_conflict() => {
+            Err(e) if is_conflict(&e) => {
                 if !backoff.wait().await {
-                    return Err(Error::Contention {
-                        attempts: backoff.attempts(),
-                        last: into_sqlx(e),
+                    return Err(match e {
+                        Error::Database(last) => Error::Contention {
+                            attempts: backoff.attempts(),
+                            last,
+                        },
+                        other => other,
                     });
                 }
             }
             other => return other,
         }
-    }
-}
-
-/// The database error inside a conflict ([`Error::is_conflict`] holds).
-fn into_sqlx<E: 'static>(error: Error<E>) -> sqlx::Error {
-    match error {
-        Error::Database(e) => e,
-        Error::Handler(e) => {
-            let any: Box<dyn std::any::Any> = Box::new(e);
-            *any.downcast::<sqlx::Error>()
-                .expect("a conflicting handler error is an sqlx::Error")
-        }
-        _ => unreachable!("only database and handler errors are conflicts"),
     }
 }
 

@@ -7,44 +7,49 @@
 use crate::machine::{Definition, Machine};
 
 /// One declared transition of a machine: what an `#[idempotent]` handler performs.
+///
+/// Only a declared transition can be made: with [`idem::transition!`](../idem/macro.transition.html)
+/// (checked at compile time) or [`Transition::try_new`].
 #[derive(Debug, Clone, Copy)]
 pub struct Transition {
-    /// The machine the transition belongs to.
-    pub definition: &'static Definition,
-    /// Index of the source state in [`Definition::states`].
-    pub from: usize,
-    /// Index of the target state in [`Definition::states`].
-    pub to: usize,
+    pub(crate) definition: &'static Definition,
+    pub(crate) from: usize,
+    pub(crate) to: usize,
 }
 
 impl Transition {
-    /// The transition `from → to` of machine `M`, checked at compile time when used in a
-    /// `const`: an unknown state or an undeclared transition stops the build with a
-    /// message that lists what the machine declares.
+    /// The transition `from → to` of machine `M`, or why the machine does not declare it
+    /// (the message lists what it declares). A `const fn`: `idem::transition!` calls it in
+    /// a constant, so that a mistake stops the build.
     ///
     /// ```
     /// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
     /// # #[machine(table = "orders", key = "id")]
     /// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
-    /// const PAY: idem::Transition = idem::Transition::new::<Order>("CREATED", "PAID");
-    /// assert_eq!(PAY.to_name(), "PAID");
+    /// let pay = idem::Transition::try_new::<Order>("CREATED", "PAID").unwrap();
+    /// assert_eq!(pay.to_name(), "PAID");
+    /// let refused = idem::Transition::try_new::<Order>("PAID", "CREATED").unwrap_err();
+    /// assert!(refused.as_str().contains("declares no transition `PAID` -> `CREATED`"));
     /// ```
-    ///
-    /// # Panics
-    /// If either state is unknown or the transition is not declared (at compile time in a
-    /// `const`).
-    pub const fn new<M: Machine>(from: &str, to: &str) -> Transition {
+    // The message is built at compile time, where nothing can be boxed.
+    #[allow(clippy::result_large_err)]
+    pub const fn try_new<M: Machine>(from: &str, to: &str) -> Result<Transition, TransitionError> {
         let definition = M::DEFINITION;
         if let Some(msg) = state_error(definition, from) {
-            panic!("{}", msg.as_str());
+            return Err(msg);
         }
         if let Some(msg) = state_error(definition, to) {
-            panic!("{}", msg.as_str());
+            return Err(msg);
         }
         if let Some(msg) = transition_error(definition, from, to) {
-            panic!("{}", msg.as_str());
+            return Err(msg);
         }
-        resolve(definition, from, to)
+        Ok(resolve(definition, from, to))
+    }
+
+    /// The machine the transition belongs to.
+    pub fn definition(&self) -> &'static Definition {
+        self.definition
     }
 
     /// The database name of the source state.
@@ -58,8 +63,10 @@ impl Transition {
     }
 }
 
-/// Resolves `from → to` of a machine. Call only after [`state_error`] and
-/// [`transition_error`] returned `None`; an unknown name resolves to state 0.
+/// Resolves `from → to` of a machine, for generated code only (not a public API). Call only
+/// after [`state_error`] and [`transition_error`] returned `None` in the same constant
+/// evaluation; an unknown name resolves to state 0.
+#[doc(hidden)]
 pub const fn resolve(definition: &'static Definition, from: &str, to: &str) -> Transition {
     Transition {
         definition,
@@ -69,13 +76,13 @@ pub const fn resolve(definition: &'static Definition, from: &str, to: &str) -> T
 }
 
 /// The compile error for a state name that the machine does not declare.
-pub const fn state_error(definition: &Definition, name: &str) -> Option<Message> {
+pub const fn state_error(definition: &Definition, name: &str) -> Option<TransitionError> {
     // No states: the derive failed and reported why at the enum; a second error here
     // ("its states are: " and nothing) would only hide that one.
     if definition.states.is_empty() || find(definition.states, name).is_some() {
         return None;
     }
-    let mut msg = Message::new()
+    let mut msg = TransitionError::new()
         .push("unknown state `")
         .push(name)
         .push("` in state machine `")
@@ -94,12 +101,16 @@ pub const fn state_error(definition: &Definition, name: &str) -> Option<Message>
 
 /// The compile error for a transition that the machine does not declare. `None` when
 /// either state is unknown: [`state_error`] reports that.
-pub const fn transition_error(definition: &Definition, from: &str, to: &str) -> Option<Message> {
+pub const fn transition_error(
+    definition: &Definition,
+    from: &str,
+    to: &str,
+) -> Option<TransitionError> {
     let (Some(f), Some(t)) = (find(definition.states, from), find(definition.states, to)) else {
         return None;
     };
     let mut declared = false;
-    let mut targets = Message::new();
+    let mut targets = TransitionError::new();
     let mut count = 0;
     let mut i = 0;
     while i < definition.transitions.len() {
@@ -119,7 +130,7 @@ pub const fn transition_error(definition: &Definition, from: &str, to: &str) -> 
     if declared {
         return None;
     }
-    let msg = Message::new()
+    let msg = TransitionError::new()
         .push("state machine `")
         .push(definition.name)
         .push("` declares no transition `")
@@ -172,18 +183,21 @@ const fn str_eq(a: &str, b: &str) -> bool {
     true
 }
 
-/// A compile-time error message built by `const fn`s (a fixed buffer; long input is cut).
-pub struct Message {
-    buf: [u8; Message::CAPACITY],
+/// Why a machine does not declare a transition: an unknown state or an undeclared
+/// transition, with what the machine declares. Built by `const fn`s, so that the same
+/// message is the compile error of `idem::transition!` and `#[idempotent]` (a fixed
+/// buffer; very long input is cut).
+pub struct TransitionError {
+    buf: [u8; TransitionError::CAPACITY],
     len: usize,
 }
 
-impl Message {
+impl TransitionError {
     const CAPACITY: usize = 1024;
 
     const fn new() -> Self {
-        Message {
-            buf: [0; Message::CAPACITY],
+        TransitionError {
+            buf: [0; TransitionError::CAPACITY],
             len: 0,
         }
     }
@@ -191,7 +205,7 @@ impl Message {
     const fn push(mut self, s: &str) -> Self {
         let bytes = s.as_bytes();
         let mut i = 0;
-        while i < bytes.len() && self.len < Message::CAPACITY {
+        while i < bytes.len() && self.len < TransitionError::CAPACITY {
             self.buf[self.len] = bytes[i];
             self.len += 1;
             i += 1;
@@ -209,8 +223,16 @@ impl Message {
     }
 }
 
-impl core::fmt::Debug for Message {
+impl core::fmt::Debug for TransitionError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(self.as_str())
     }
 }
+
+impl core::fmt::Display for TransitionError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for TransitionError {}

@@ -17,7 +17,9 @@
 //! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`] says,
 //! runs the body and calls [`Work::finish`], the same two calls for every combination.
 
-use crate::backend::{Backend, WriterGuard, begin_write, begin_write_within, is_conflict};
+use crate::backend::{
+    Backend, Database, WriterGuard, begin_write, begin_write_within, holding, is_conflict,
+};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::retry::Backoff;
@@ -100,6 +102,18 @@ pub struct Work<'c, DB: Backend> {
     staged: Staged,
 }
 
+/// The writer turn a unit of work holds (SQLite), for its body.
+pub struct Held(Option<Database>);
+
+impl Held {
+    /// Runs `body` (the handler's body, in [`Work::transaction`]) as the holder of the
+    /// turn: a handler it calls with the pool on the same SQLite database is refused at
+    /// once instead of waiting for itself.
+    pub async fn run<F: Future>(self, body: F) -> F::Output {
+        holding(self.0, body).await
+    }
+}
+
 /// Where a handler's unit of work runs: a pool (idem begins and commits a transaction of
 /// its own) or a transaction the caller owns (idem works in a savepoint of it; the caller
 /// commits).
@@ -167,26 +181,30 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
     }
     let mut backoff = Backoff::default();
     loop {
-        let (mut tx, writer) = match plan.patience() {
-            None => match begin_write(pool).await {
-                Ok(begun) => begun,
-                Err(e) => return Begun::Done(Err(e.into())),
-            },
+        let begun = match plan.patience() {
+            None => begin_write(pool).await,
             Some((patience, gave_up)) => match begin_write_within(pool, patience).await {
-                Ok(Some(begun)) => begun,
+                Ok(Some(begun)) => Ok(begun),
                 Ok(None) => return Begun::Done(Ok(gave_up(plan))),
-                Err(e) => return Begun::Done(Err(e.into())),
+                Err(e) => Err(e),
             },
         };
-        match plan.enter(&mut tx).await {
-            Ok(Entered::Run(staged)) => {
+        let entered = match begun {
+            Ok((mut tx, writer)) => plan
+                .enter(&mut tx)
+                .await
+                .map(|entered| (tx, writer, entered)),
+            Err(e) => Err(Error::from(e)),
+        };
+        match entered {
+            Ok((tx, writer, Entered::Run(staged))) => {
                 return Begun::Run(Work {
                     tx,
                     _writer: writer,
                     staged,
                 });
             }
-            Ok(Entered::Done { reply, commit }) => {
+            Ok((tx, _writer, Entered::Done { reply, commit })) => {
                 let ended = if commit {
                     tx.commit().await
                 } else {
@@ -194,10 +212,10 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
                 };
                 return Begun::Done(ended.map(|()| reply).map_err(Error::from));
             }
-            // Lost a conflict before the body ran: the transaction is gone (dropped, so
-            // rolled back), nothing was applied, and a fresh one may win.
+            // Lost a conflict before the body ran (at BEGIN, a busy SQLite database, or in
+            // a stage): the transaction is gone (dropped, so rolled back), nothing was
+            // applied, and a fresh one may win.
             Err(Error::Database(e)) if is_conflict(&e) => {
-                drop(tx);
                 if !backoff.wait().await {
                     return Begun::Done(Err(Error::Contention {
                         attempts: backoff.attempts(),
@@ -247,6 +265,11 @@ impl<'c, DB: Backend> Work<'c, DB> {
     /// The transaction the body runs in.
     pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
         &mut self.tx
+    }
+
+    /// The writer turn this unit holds, to run the body under ([`Held::run`]).
+    pub fn held(&self) -> Held {
+        Held(self._writer.as_ref().map(|w| w.database().clone()))
     }
 
     /// Ends the call with the body's result: stores it for every stage that keeps one and

@@ -112,8 +112,9 @@ pub fn expand(
                 }
             };
             let #result = {
+                let held = #work.held();
                 let #tx: #tx_type = #work.transaction();
-                ::idem::__private::body::<#output, _>(async move #block).await
+                held.run(::idem::__private::body::<#output, _>(async move #block)).await
             };
             #work.finish(&#plan, #into_result(#result)).await
         }

@@ -5,7 +5,7 @@
 //! database (the mode is persistent), or use an `after_connect` hook. Transactions still
 //! begin with `BEGIN IMMEDIATE`.
 
-use super::{Backend, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::{Any, AnyConnection, Pool, Transaction};
 
@@ -37,9 +37,10 @@ impl Backend for Any {
         }
     }
 
-    fn writer_queue(pool: &Pool<Self>) -> Option<String> {
+    fn writer_queue(pool: &Pool<Self>) -> Option<Database> {
         let url = &pool.connect_options().database_url;
-        (dialect_named(url.scheme()) == Some(Dialect::Sqlite)).then(|| url.to_string())
+        (dialect_named(url.scheme()) == Some(Dialect::Sqlite))
+            .then(|| Database::of_url(url.as_str()))
     }
 
     fn dialect(conn: &AnyConnection) -> Dialect {

@@ -17,8 +17,8 @@ mod sqlite;
 
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
-pub(crate) use writers::WriterGuard;
 use writers::wait_turn;
+pub(crate) use writers::{Database, WriterGuard, holding};
 
 use core::future::Future;
 use sqlx::{Pool, Transaction};
@@ -42,7 +42,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// The database whose writers idem queues in the process before beginning (SQLite);
     /// `None` where the database queues writers itself (PostgreSQL).
     #[doc(hidden)]
-    fn writer_queue(pool: &Pool<Self>) -> Option<String>;
+    fn writer_queue(pool: &Pool<Self>) -> Option<Database>;
 
     #[doc(hidden)]
     fn dialect(conn: &Self::Connection) -> Dialect;
@@ -159,7 +159,7 @@ pub(crate) async fn begin_write<DB: Backend>(
     pool: &Pool<DB>,
 ) -> Result<(Transaction<'static, DB>, Option<WriterGuard>), sqlx::Error> {
     let writer = match DB::writer_queue(pool) {
-        Some(database) => Some(wait_turn(database).await),
+        Some(database) => Some(wait_turn(database).await?),
         None => None,
     };
     Ok((DB::begin_pool(pool).await?, writer))
@@ -173,7 +173,7 @@ pub(crate) async fn begin_write_within<DB: Backend>(
 ) -> Result<Option<(Transaction<'static, DB>, Option<WriterGuard>)>, sqlx::Error> {
     let writer = match DB::writer_queue(pool) {
         Some(database) => match tokio::time::timeout(patience, wait_turn(database)).await {
-            Ok(guard) => Some(guard),
+            Ok(guard) => Some(guard?),
             Err(_) => return Ok(None),
         },
         None => None,

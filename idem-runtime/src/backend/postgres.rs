@@ -1,6 +1,6 @@
 //! PostgreSQL: one statement attempts the transition and classifies a miss.
 
-use super::{Backend, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
@@ -13,7 +13,7 @@ impl Backend for Postgres {
         pool.begin()
     }
 
-    fn writer_queue(_: &Pool<Self>) -> Option<String> {
+    fn writer_queue(_: &Pool<Self>) -> Option<Database> {
         None
     }
 

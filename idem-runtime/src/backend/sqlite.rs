@@ -1,6 +1,6 @@
 //! SQLite: `BEGIN IMMEDIATE`, WAL and a busy timeout.
 
-use super::{Backend, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, Param, Record, generic};
 use core::future::Future;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
@@ -15,9 +15,9 @@ impl Backend for Sqlite {
         pool.begin_with(Dialect::Sqlite.begin())
     }
 
-    fn writer_queue(pool: &Pool<Self>) -> Option<String> {
+    fn writer_queue(pool: &Pool<Self>) -> Option<Database> {
         // In-memory databases get a unique name per pool from sqlx.
-        Some(pool.connect_options().get_filename().display().to_string())
+        Some(Database::of_file(pool.connect_options().get_filename()))
     }
 
     fn dialect(_: &SqliteConnection) -> Dialect {
