@@ -734,7 +734,28 @@ fn main() {
         Strategy::ForUpdate,
         Strategy::DedupTable,
     ]);
-    let path = std::env::temp_dir().join("idem-bench.db");
+    // `synchronous = FULL` is idem's default; `IDEM_BENCH_SQLITE_SYNC=full,normal` measures
+    // both, one after the other in this run, each on a fresh file.
+    let modes = std::env::var("IDEM_BENCH_SQLITE_SYNC").unwrap_or_else(|_| "full".into());
+    for mode in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let synchronous = match mode {
+            "full" => sqlx::sqlite::SqliteSynchronous::Full,
+            "normal" => sqlx::sqlite::SqliteSynchronous::Normal,
+            other => panic!("IDEM_BENCH_SQLITE_SYNC: unknown mode {other:?} (full, normal)"),
+        };
+        bench_sqlite(&runtime, &strategies, keys, rounds, mode, synchronous);
+    }
+}
+
+fn bench_sqlite(
+    runtime: &tokio::runtime::Runtime,
+    strategies: &[Strategy],
+    keys: usize,
+    rounds: usize,
+    mode: &str,
+    synchronous: sqlx::sqlite::SqliteSynchronous,
+) {
+    let path = std::env::temp_dir().join(format!("idem-bench-{mode}.db"));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
@@ -745,7 +766,7 @@ fn main() {
             sqlx::sqlite::SqlitePoolOptions::new()
                 .max_connections(max)
                 .min_connections(max)
-                .connect_with(idem::sqlite_options(&url).unwrap())
+                .connect_with(idem::sqlite_options(&url).unwrap().synchronous(synchronous))
                 .await
                 .unwrap()
         }
@@ -756,12 +777,12 @@ fn main() {
         idem::migrate(&pool).await.unwrap();
     });
     let statements =
-        with_statement_log(async || sqlite::statements_of(&connect(1).await, &strategies).await);
+        with_statement_log(async || sqlite::statements_of(&connect(1).await, strategies).await);
     // Eight pooled connections (idem queues its writers on them); one for the single-writer
     // variant of the floor.
     let (pooled, single) = runtime.block_on(async { (connect(8).await, connect(1).await) });
     let results = runtime.block_on(measure(
-        &strategies,
+        strategies,
         keys,
         rounds,
         |strategy, _| match strategy {
@@ -772,8 +793,11 @@ fn main() {
         sqlite::timed,
     ));
     report(
-        "SQLite (a file, WAL)",
-        &strategies,
+        &format!(
+            "SQLite (a file, WAL, synchronous = {})",
+            mode.to_uppercase()
+        ),
+        strategies,
         &results,
         &statements,
         keys,

@@ -168,12 +168,13 @@ fn stories() -> Vec<Story> {
             let ship = Event::Ship { order_id };
             let cancel = Event::Cancel { order_id };
             let (events, ends, told) = match order_id {
-                // The warehouse's message overtakes the payment: refused, since the order
-                // is not PAID yet; the broker redelivers it after the payment and it applies.
+                // The warehouse's message overtakes the payment: not yet, since the order is
+                // not PAID yet but can still be; the broker redelivers it after the payment
+                // and it applies.
                 5 | 15 | 25 => (
                     vec![ship, pay, ship],
                     Shipped,
-                    "ship too early: refused; pay; ship again",
+                    "ship too early: not yet; pay; ship again",
                 ),
                 // Some retried callbacks arrive after shipping; some ships are redelivered.
                 1..=30 if order_id % 6 == 0 => (
@@ -197,7 +198,7 @@ fn stories() -> Vec<Story> {
                     "cancel, cancel (double click)",
                 ),
                 49 => (vec![], Created, "nothing arrived"),
-                _ => (vec![ship], Created, "only a premature ship: refused"),
+                _ => (vec![ship], Created, "only a premature ship: not yet"),
             };
             Story {
                 order_id,
@@ -365,7 +366,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
 fn report_calls(tally: &Tally) {
     use OutcomeKind::*;
-    let kinds = [Applied, AlreadyDone, IllegalState, NotFound, StaleVersion];
+    let kinds = [
+        Applied,
+        AlreadyDone,
+        NotYet,
+        IllegalState,
+        NotFound,
+        StaleVersion,
+    ];
     print!("\n{:<8}", "calls");
     for kind in kinds {
         print!("{:>15}", kind.as_str());

@@ -48,17 +48,39 @@ impl<T> Clone for Codec<T> {
 }
 impl<T> Copy for Codec<T> {}
 
+/// A handler's result type, which idem stores as JSON and replays to duplicates: any type
+/// that is `serde::Serialize + serde::Deserialize` (implemented for all of them; do not
+/// implement it yourself). One bound, so that a result type that is
+/// neither gets one error, in these words.
+#[diagnostic::on_unimplemented(
+    message = "the result type `{Self}` cannot be stored and replayed to duplicates",
+    label = "idem stores the first result as JSON and replays it, so it must be `Serialize` and `Deserialize`",
+    note = "derive both on it: `#[derive(serde::Serialize, serde::Deserialize)]`; return `Result<(), E>` if there is nothing to replay"
+)]
+pub trait Storable: Sized {
+    /// How idem stores and replays it (generated code only).
+    #[doc(hidden)]
+    const CODEC: Codec<Self>;
+}
+
+// Not recommended in errors: a type that is neither gets one error, about `Storable`,
+// instead of one per serde trait.
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> Storable for T {
+    const CODEC: Codec<T> = Codec {
+        encode: encode::<T>,
+        decode: decode::<T>,
+    };
+}
+
 /// The codec of the success type of `R`; the only place generated code requires the
-/// result to be `Serialize + DeserializeOwned`.
+/// result to be storable.
 pub const fn codec<R>() -> Codec<R::Ok>
 where
     R: Fallible,
-    R::Ok: Serialize + DeserializeOwned,
+    R::Ok: Storable,
 {
-    Codec {
-        encode: encode::<R::Ok>,
-        decode: decode::<R::Ok>,
-    }
+    <R::Ok as Storable>::CODEC
 }
 
 fn encode<T: Serialize>(value: &T) -> serde_json::Result<String> {

@@ -34,6 +34,7 @@ pub use conflict::is_conflict_source;
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
 pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
+pub use glue::Storable;
 pub use inbox::migrate;
 pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};

@@ -55,7 +55,7 @@ pub fn expand(
     // The result must be storable: required once, on the user's return type.
     let codec = quote_spanned! {output.span()=>
         const __IDEM_CODEC: ::idem::__private::Codec<<#output as ::idem::Fallible>::Ok> =
-            ::idem::__private::codec::<#output>();
+            <<#output as ::idem::Fallible>::Ok as ::idem::Storable>::CODEC;
     };
     let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
     // The expansion's locals are invisible to the body (mixed-site hygiene), so a user

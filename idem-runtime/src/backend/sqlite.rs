@@ -46,20 +46,31 @@ impl Backend for Sqlite {
     }
 }
 
-/// Connect options for a SQLite database used by idem: WAL journal, `synchronous = NORMAL`
-/// (durable at each WAL checkpoint, safe against application crashes), a 5 s busy
-/// timeout so writers queue instead of failing, and the file created if missing.
+/// Connect options for a SQLite database used by idem: WAL journal, `synchronous = FULL`,
+/// a 5 s busy timeout so writers queue instead of failing, and the file created if
+/// missing.
+///
+/// **Durability.** With `FULL`, a commit is on disk (the WAL is synced) before `COMMIT`
+/// returns, so an outcome idem reported as applied survives a power loss. `NORMAL` syncs
+/// only at checkpoints: still safe against a crash of the application, but a power loss or
+/// an OS crash can lose the last commits — already acknowledged, so their messages would
+/// not be redelivered and their effects would be gone. Opt into it where that is
+/// acceptable and throughput matters (the cost of each is in `BENCHMARKS.md`):
 ///
 /// ```
 /// # async fn run() -> Result<(), sqlx::Error> {
+/// use sqlx::sqlite::SqliteSynchronous;
+/// // The default: durable commits.
 /// let pool = sqlx::SqlitePool::connect_with(idem::sqlite_options("sqlite:orders.db")?).await?;
-/// # Ok(()) }
+/// // Opt-in: faster, and may lose the last commits on power loss.
+/// let options = idem::sqlite_options("sqlite:cache.db")?.synchronous(SqliteSynchronous::Normal);
+/// # let _ = (pool, options); Ok(()) }
 /// ```
 pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
     Ok(url
         .parse::<SqliteConnectOptions>()?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
+        .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(5)))
 }

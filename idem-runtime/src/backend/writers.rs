@@ -36,6 +36,7 @@ pub enum Database {
 
 impl Database {
     /// The database of the file name sqlx holds for a pool.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "any")), allow(dead_code))]
     pub(crate) fn of_file(name: &Path) -> Database {
         match std::fs::canonicalize(name) {
             Ok(path) => Database::File(path),
@@ -45,6 +46,7 @@ impl Database {
 
     /// The database of a `sqlite:` URL (an `sqlx::Any` pool's), parsed as sqlx does: the
     /// path after the scheme and an optional `//`, up to the query.
+    #[cfg(feature = "any")]
     pub(crate) fn of_url(url: &str) -> Database {
         let rest = url.strip_prefix("sqlite:").unwrap_or(url);
         let rest = rest.strip_prefix("//").unwrap_or(rest);

@@ -66,7 +66,7 @@ use std::time::Duration;
 ///
 /// `R` is why a handler that is also a transition refused a message
 /// ([`Refusal`](crate::Refusal)); for plain message handlers it is
-/// [`Infallible`](std::convert::Infallible), and `match`es need no arm for it.
+/// [`Infallible`], and `match`es need no arm for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "ack the broker only on `should_ack()`"]
 pub enum Delivery<T, R = Infallible> {
