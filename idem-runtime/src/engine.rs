@@ -284,6 +284,8 @@ impl Call<'_> {
         match self.key {
             Key::Int(n) => Param::Int(*n),
             Key::Text(s) => Param::Text(s),
+            #[cfg(feature = "uuid")]
+            Key::Uuid(id) => Param::Uuid(*id),
         }
     }
 }

@@ -5,11 +5,17 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// A business key, bound as a parameter of the transition statement.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Key {
     /// An integer key (`BIGINT` / `INTEGER` column).
     Int(i64),
     /// A text key (`TEXT` / `VARCHAR` column), validated by [`Key::text`].
     Text(String),
+    /// A UUID key (feature `uuid`), bound as the driver binds `uuid::Uuid`: a PostgreSQL
+    /// `uuid` column, or on SQLite the 16-byte blob sqlx stores. Its text, in the results
+    /// table, is the hyphenated lowercase form.
+    #[cfg(feature = "uuid")]
+    Uuid(uuid::Uuid),
 }
 
 impl Key {
@@ -23,6 +29,8 @@ impl Key {
         match self {
             Key::Int(n) => n.to_string(),
             Key::Text(s) => s.clone(),
+            #[cfg(feature = "uuid")]
+            Key::Uuid(id) => id.hyphenated().to_string(),
         }
     }
 }
@@ -32,6 +40,8 @@ impl core::fmt::Display for Key {
         match self {
             Key::Int(n) => write!(f, "{n}"),
             Key::Text(s) => write!(f, "{s:?}"),
+            #[cfg(feature = "uuid")]
+            Key::Uuid(id) => write!(f, "{}", id.hyphenated()),
         }
     }
 }
@@ -66,6 +76,12 @@ pub enum KeyError {
         /// Its position, in characters.
         position: usize,
     },
+    /// An integer key outside the range of a signed 64-bit column (`BIGINT`, SQLite's
+    /// `INTEGER`).
+    OutOfRange {
+        /// The key, in decimal.
+        value: String,
+    },
 }
 
 impl core::fmt::Display for KeyError {
@@ -79,6 +95,11 @@ impl core::fmt::Display for KeyError {
             KeyError::ControlCharacter { position } => {
                 write!(f, "the key has a control character at position {position}")
             }
+            KeyError::OutOfRange { value } => write!(
+                f,
+                "the integer key {value} does not fit a signed 64-bit column (at most {})",
+                i64::MAX
+            ),
         }
     }
 }
@@ -89,7 +110,7 @@ impl std::error::Error for KeyError {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an idempotency key",
     label = "the parameter named by `key = \"…\"` has this type",
-    note = "use an integer (`i64`, `i32`, `u32`, …) or text (`String`, `&str`) key, or implement `idem::ToKey`"
+    note = "use an integer (`i64`, `u64`, `i32`, …), text (`String`, `&str`) or `uuid::Uuid` (feature `uuid`) key, or implement `idem::ToKey` for a type of yours"
 )]
 pub trait ToKey {
     /// Converts the parameter into a bound key, validating text.
@@ -105,7 +126,20 @@ macro_rules! int_keys {
         }
     )*};
 }
-int_keys!(i64, i32, i16, u32, u16);
+int_keys!(i64, i32, i16, i8, u32, u16, u8);
+
+macro_rules! wide_int_keys {
+    ($($t:ty),*) => {$(
+        impl ToKey for $t {
+            fn to_key(&self) -> Result<Key, KeyError> {
+                i64::try_from(*self)
+                    .map(Key::Int)
+                    .map_err(|_| KeyError::OutOfRange { value: self.to_string() })
+            }
+        }
+    )*};
+}
+wide_int_keys!(u64, usize, isize, i128, u128);
 
 impl ToKey for str {
     fn to_key(&self) -> Result<Key, KeyError> {
@@ -122,9 +156,16 @@ impl ToKey for String {
 impl ToKey for Key {
     fn to_key(&self) -> Result<Key, KeyError> {
         match self {
-            Key::Int(_) => Ok(self.clone()),
             Key::Text(s) => Key::text(s.as_str()),
+            other => Ok(other.clone()),
         }
+    }
+}
+
+#[cfg(feature = "uuid")]
+impl ToKey for uuid::Uuid {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        Ok(Key::Uuid(*self))
     }
 }
 
@@ -181,6 +222,21 @@ mod tests {
             Err(KeyError::ControlCharacter { position: 1 })
         );
         assert_eq!(Key::text("order-7"), Ok(Key::Text("order-7".into())));
+    }
+
+    #[test]
+    fn every_integer_width_is_a_key_within_range() {
+        assert_eq!(7u8.to_key(), Ok(Key::Int(7)));
+        assert_eq!((-7i8).to_key(), Ok(Key::Int(-7)));
+        assert_eq!((i64::MAX as u64).to_key(), Ok(Key::Int(i64::MAX)));
+        assert_eq!(
+            u64::MAX.to_key(),
+            Err(KeyError::OutOfRange {
+                value: u64::MAX.to_string()
+            })
+        );
+        assert_eq!(42usize.to_key(), Ok(Key::Int(42)));
+        assert!(i128::MIN.to_key().is_err());
     }
 
     #[test]

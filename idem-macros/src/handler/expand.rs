@@ -67,7 +67,7 @@ pub fn expand(
     // The stages of the unit of work, before the body.
     let (checks, make_plan) = match (&args.transition, &args.inbox) {
         (Some(t), None) => {
-            let (checks, call) = transition_checks(t);
+            let (checks, call) = transition_checks(t, handler);
             let make = quote! {
                 ::idem::__private::TransitionPlan::new(
                     __IDEM_MACHINE, __IDEM_CODEC, __IDEM_TRANSITION, #call,
@@ -81,7 +81,7 @@ pub fn expand(
             (TokenStream::new(), make)
         }
         (Some(t), Some(i)) => {
-            let (checks, call) = transition_checks(t);
+            let (checks, call) = transition_checks(t, handler);
             let stage = inbox_stage(i);
             let make = quote! {
                 ::idem::__private::ConsumerTransitionPlan::new(
@@ -123,7 +123,7 @@ pub fn expand(
 
 /// The compile-time checks of a transition and the arguments of the call that runs it
 /// (`key, expected_version`).
-fn transition_checks(t: &TransitionArgs) -> (TokenStream, TokenStream) {
+fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, TokenStream) {
     let TransitionArgs {
         machine,
         from,
@@ -146,14 +146,34 @@ fn transition_checks(t: &TransitionArgs) -> (TokenStream, TokenStream) {
             ::core::panic!("{}", message.as_str())
         };
     };
+    // Spanned at the parameter's type: a type that cannot be a key (or a version) is
+    // reported there, once.
+    let param_type = |name: &syn::LitStr| {
+        handler
+            .params
+            .iter()
+            .find(|p| p.ident == name.value())
+            .filter(|p| !matches!(p.ty, syn::Type::ImplTrait(_)))
+            .map(|p| p.ty.clone())
+    };
     let key_ident = Ident::new(&key.value(), key.span());
-    let key_expr = quote_spanned! {key.span()=>
-        ::idem::CallKey::from(::idem::ToKey::to_key(&#key_ident))
+    let key_expr = match param_type(key) {
+        Some(ty) => quote_spanned! {ty.span()=>
+            ::idem::CallKey::from(<#ty as ::idem::ToKey>::to_key(&#key_ident))
+        },
+        None => quote_spanned! {key.span()=>
+            ::idem::CallKey::from(::idem::ToKey::to_key(&#key_ident))
+        },
     };
     let version_expr = match version {
         Some(v) => {
             let ident = Ident::new(&v.value(), v.span());
-            quote_spanned!(v.span()=> ::idem::ToVersion::to_version(&#ident))
+            match param_type(v) {
+                Some(ty) => quote_spanned! {ty.span()=>
+                    <#ty as ::idem::ToVersion>::to_version(&#ident)
+                },
+                None => quote_spanned!(v.span()=> ::idem::ToVersion::to_version(&#ident)),
+            }
         }
         None => quote!(::idem::__private::None),
     };

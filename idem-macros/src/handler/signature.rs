@@ -19,6 +19,8 @@ pub struct Handler {
 
 pub struct Param {
     pub ident: Ident,
+    /// Its type as written, to blame a key or version of the wrong type on.
+    pub ty: Type,
 }
 
 const TX_EXAMPLE: &str = "tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>";
@@ -103,6 +105,7 @@ impl Handler {
             .filter_map(|p| match &*p.pat {
                 Pat::Ident(i) => Some(Param {
                     ident: i.ident.clone(),
+                    ty: (*p.ty).clone(),
                 }),
                 _ => None,
             })

@@ -11,6 +11,21 @@ use sqlx::{Any, AnyConnection, Pool, Transaction};
 
 impl super::sealed::Sealed for Any {}
 
+impl generic::Bind for Any {
+    fn bind<'a>(query: generic::Query<'a, Self>, param: Param<'a>) -> generic::Query<'a, Self> {
+        match param {
+            Param::Int(n) => query.bind(n),
+            Param::Text(s) => query.bind(s),
+            Param::Null => query.bind(None::<i64>),
+            // `sqlx::Any` has no UUID type: bound as its text, which a PostgreSQL `uuid`
+            // column refuses (use the `Postgres` backend for UUID keys) and a text column
+            // accepts.
+            #[cfg(feature = "uuid")]
+            Param::Uuid(id) => query.bind(id.hyphenated().to_string()),
+        }
+    }
+}
+
 /// The dialect of a backend name or URL scheme; `None` for backends idem does not support.
 fn dialect_named(name: &str) -> Option<Dialect> {
     match name.to_ascii_lowercase().as_str() {

@@ -1,7 +1,7 @@
 //! The two primitives every backend provides, written once over sqlx's generic API.
 
 use super::{Param, Record, Value};
-use sqlx::{Column, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{Column, Database, Decode, Executor, IntoArguments, Row, Type};
 
 /// Runs `sql` with `params` and decodes the first row, if any, into a [`Record`].
 pub(super) async fn fetch<'a, DB>(
@@ -10,13 +10,11 @@ pub(super) async fn fetch<'a, DB>(
     params: &'a [Param<'a>],
 ) -> Result<Option<Record>, sqlx::Error>
 where
-    DB: Database,
+    DB: Bind,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    Option<i64>: Encode<'a, DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let Some(row) = prepare::<DB>(sql, params)
@@ -49,34 +47,52 @@ pub(super) async fn execute<'a, DB>(
     rows_affected: fn(&DB::QueryResult) -> u64,
 ) -> Result<u64, sqlx::Error>
 where
-    DB: Database,
+    DB: Bind,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    Option<i64>: Encode<'a, DB>,
 {
     let done = prepare::<DB>(sql, params).execute(&mut *conn).await?;
     Ok(rows_affected(&done))
 }
 
-fn prepare<'a, DB>(
-    sql: &'a str,
-    params: &'a [Param<'a>],
-) -> sqlx::query::Query<'a, DB, DB::Arguments<'a>>
-where
-    DB: Database,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    Option<i64>: Encode<'a, DB>,
-{
+/// A query being built, on backend `DB`.
+pub(super) type Query<'a, DB> = sqlx::query::Query<'a, DB, <DB as Database>::Arguments<'a>>;
+
+/// How a backend binds each kind of [`Param`].
+pub(super) trait Bind: Database {
+    /// `query` with `param` bound as its next parameter.
+    fn bind<'a>(query: Query<'a, Self>, param: Param<'a>) -> Query<'a, Self>;
+}
+
+/// Binds every kind of parameter with the driver's own encoding (a UUID as the driver
+/// stores `uuid::Uuid`: PostgreSQL `uuid`, SQLite a 16-byte blob).
+#[allow(unused_macros)]
+macro_rules! bind_natively {
+    ($db:ty) => {
+        impl $crate::backend::generic::Bind for $db {
+            fn bind<'a>(
+                query: $crate::backend::generic::Query<'a, Self>,
+                param: $crate::backend::Param<'a>,
+            ) -> $crate::backend::generic::Query<'a, Self> {
+                use $crate::backend::Param;
+                match param {
+                    Param::Int(n) => query.bind(n),
+                    Param::Text(s) => query.bind(s),
+                    Param::Null => query.bind(None::<i64>),
+                    #[cfg(feature = "uuid")]
+                    Param::Uuid(id) => query.bind(id),
+                }
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(super) use bind_natively;
+
+fn prepare<'a, DB: Bind>(sql: &'a str, params: &'a [Param<'a>]) -> Query<'a, DB> {
     let mut query = sqlx::query::<DB>(sql);
     for param in params {
-        query = match *param {
-            Param::Int(n) => query.bind(n),
-            Param::Text(s) => query.bind(s),
-            Param::Null => query.bind(None::<i64>),
-        };
+        query = DB::bind(query, *param);
     }
     query
 }

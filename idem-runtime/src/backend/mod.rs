@@ -70,6 +70,9 @@ pub enum Param<'a> {
     Text(&'a str),
     /// NULL, typed as an integer.
     Null,
+    /// A UUID, bound as the driver binds `uuid::Uuid`.
+    #[cfg(feature = "uuid")]
+    Uuid(uuid::Uuid),
 }
 
 /// A row as idem reads it: every column an integer, text or NULL.

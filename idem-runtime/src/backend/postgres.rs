@@ -5,6 +5,7 @@ use core::future::Future;
 use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
 impl super::sealed::Sealed for Postgres {}
+generic::bind_natively!(Postgres);
 
 impl Backend for Postgres {
     fn begin_pool(

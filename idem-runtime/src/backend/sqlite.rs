@@ -7,6 +7,7 @@ use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
 use std::time::Duration;
 
 impl super::sealed::Sealed for Sqlite {}
+generic::bind_natively!(Sqlite);
 
 impl Backend for Sqlite {
     fn begin_pool(
