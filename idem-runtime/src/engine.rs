@@ -8,6 +8,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
 use crate::machine::Machine;
+use crate::observe::Labels;
 use crate::outcome::{Outcome, Refusal};
 use crate::transition::Transition;
 use crate::work::{Begun, Entered, Plan, Staged, begin};
@@ -115,6 +116,17 @@ impl<M> TransitionStage<M> {
             .as_ref()
             .map(drop)
             .map_err(|e| Error::InvalidKey(e.clone()))
+    }
+
+    /// The machine, the transition and the key, for the call's span and counters.
+    pub(crate) fn labels(&self) -> Labels<'_> {
+        let t = &self.transition;
+        Labels {
+            machine: Some(t.definition.id),
+            transition: Some((t.from_name(), t.to_name())),
+            group: None,
+            key: self.key.is_ok().then_some(self.key_text.as_str()),
+        }
     }
 
     /// Attempts the transition in `conn`: the row moved, or why not.
@@ -225,6 +237,14 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
 
     fn applied(&self, value: T) -> Outcome<T, M> {
         Outcome::Applied(value)
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        self.stage.labels()
+    }
+
+    fn outcome_name(reply: &Outcome<T, M>) -> &'static str {
+        reply.kind().as_str()
     }
 }
 

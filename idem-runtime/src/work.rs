@@ -22,12 +22,14 @@ use crate::backend::{
 };
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
+use crate::observe::Labels;
 use crate::retry::Backoff;
 use crate::stored::bounded;
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
 use std::convert::Infallible;
 use std::time::Duration;
+use tracing::{Instrument, Span};
 
 pub(crate) use crate::engine::Moved;
 pub(crate) use crate::inbox::Recorded;
@@ -82,10 +84,19 @@ pub trait Plan<DB: Backend>: Sync {
 
     /// The reply of a call whose body ran and committed.
     fn applied(&self, value: Self::Value) -> Self::Reply;
+
+    /// What the call is about, for its span and counters.
+    fn labels(&self) -> Labels<'_>;
+
+    /// The name of a reply, for the span's `idem.outcome` and the counters.
+    fn outcome_name(reply: &Self::Reply) -> &'static str;
 }
 
 /// A call after its stages: either the body runs now in [`Work::transaction`], or the call
 /// is over.
+// Moved once per call, never stored: boxing the open transaction would cost an
+// allocation per call.
+#[allow(clippy::large_enum_variant)]
 pub enum Begun<'c, DB: Backend, R> {
     /// Run the body, then [`Work::finish`].
     Run(Work<'c, DB>),
@@ -100,17 +111,18 @@ pub struct Work<'c, DB: Backend> {
     // Released after COMMIT or ROLLBACK, when the work is dropped.
     _writer: Option<WriterGuard>,
     staged: Staged,
+    span: Span,
 }
 
-/// The writer turn a unit of work holds (SQLite), for its body.
-pub struct Held(Option<Database>);
+/// The writer turn a unit of work holds (SQLite) and its span, for its body.
+pub struct Held(Option<Database>, Span);
 
 impl Held {
-    /// Runs `body` (the handler's body, in [`Work::transaction`]) as the holder of the
-    /// turn: a handler it calls with the pool on the same SQLite database is refused at
-    /// once instead of waiting for itself.
+    /// Runs `body` (the handler's body, in [`Work::transaction`]) in the call's span, as the
+    /// holder of the turn: a handler it calls with the pool on the same SQLite database is
+    /// refused at once instead of waiting for itself.
     pub async fn run<F: Future>(self, body: F) -> F::Output {
-        holding(self.0, body).await
+        holding(self.0, body).instrument(self.1).await
     }
 }
 
@@ -176,8 +188,42 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
     pool: &Pool<DB>,
     plan: &P,
 ) -> Begun<'c, DB, P::Reply> {
+    let labels = plan.labels();
+    let span = labels.span();
+    let (begun, retries) = begin_retrying(pool, plan, &span)
+        .instrument(span.clone())
+        .await;
+    labels.retried(&span, retries);
+    observed::<DB, P>(&labels, span, begun)
+}
+
+/// The reply (or error) of a call that ended before its body, recorded in its span; the
+/// span, kept for the rest of one that goes on.
+fn observed<'c, DB: Backend, P: Plan<DB>>(
+    labels: &Labels<'_>,
+    span: Span,
+    begun: Begun<'c, DB, P::Reply>,
+) -> Begun<'c, DB, P::Reply> {
+    match begun {
+        Begun::Run(mut work) => {
+            work.span = span;
+            Begun::Run(work)
+        }
+        Begun::Done(done) => {
+            labels.ended(&span, done.as_ref().map(P::outcome_name));
+            Begun::Done(done)
+        }
+    }
+}
+
+/// [`begin`]'s loop: the stages, retried while they lose conflicts; and the retries made.
+async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
+    pool: &Pool<DB>,
+    plan: &P,
+    span: &Span,
+) -> (Begun<'c, DB, P::Reply>, u32) {
     if let Err(e) = plan.check() {
-        return Begun::Done(Err(e));
+        return (Begun::Done(Err(e)), 0);
     }
     let mut backoff = Backoff::default();
     loop {
@@ -185,24 +231,28 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
             None => begin_write(pool).await,
             Some((patience, gave_up)) => match begin_write_within(pool, patience).await {
                 Ok(Some(begun)) => Ok(begun),
-                Ok(None) => return Begun::Done(Ok(gave_up(plan))),
+                Ok(None) => return (Begun::Done(Ok(gave_up(plan))), backoff.attempts()),
                 Err(e) => Err(e),
             },
         };
         let entered = match begun {
-            Ok((mut tx, writer)) => plan
-                .enter(&mut tx)
-                .await
-                .map(|entered| (tx, writer, entered)),
+            Ok((mut tx, writer)) => {
+                span.record("db.system.name", DB::dialect(&tx).system_name());
+                plan.enter(&mut tx)
+                    .await
+                    .map(|entered| (tx, writer, entered))
+            }
             Err(e) => Err(Error::from(e)),
         };
         match entered {
             Ok((tx, writer, Entered::Run(staged))) => {
-                return Begun::Run(Work {
+                let work = Work {
                     tx,
                     _writer: writer,
                     staged,
-                });
+                    span: Span::none(),
+                };
+                return (Begun::Run(work), backoff.attempts());
             }
             Ok((tx, _writer, Entered::Done { reply, commit })) => {
                 let ended = if commit {
@@ -210,20 +260,20 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
                 } else {
                     tx.rollback().await
                 };
-                return Begun::Done(ended.map(|()| reply).map_err(Error::from));
+                let done = ended.map(|()| reply).map_err(Error::from);
+                return (Begun::Done(done), backoff.attempts());
             }
             // Lost a conflict before the body ran (at BEGIN, a busy SQLite database, or in
             // a stage): the transaction is gone (dropped, so rolled back), nothing was
             // applied, and a fresh one may win.
             Err(Error::Database(e)) if is_conflict(&e) => {
                 if !backoff.wait().await {
-                    return Begun::Done(Err(Error::Contention {
-                        attempts: backoff.attempts(),
-                        last: e,
-                    }));
+                    let attempts = backoff.attempts();
+                    let gave_up = Error::Contention { attempts, last: e };
+                    return (Begun::Done(Err(gave_up)), attempts);
                 }
             }
-            Err(e) => return Begun::Done(Err(e)),
+            Err(e) => return (Begun::Done(Err(e)), backoff.attempts()),
         }
     }
 }
@@ -233,6 +283,17 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
 /// commits. A conflict is not retried here (the caller's transaction is lost with it):
 /// it is returned, and [`Error::is_conflict`] tells the caller to retry the whole of it.
 pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
+    conn: &'c mut DB::Connection,
+    plan: &P,
+) -> Begun<'c, DB, P::Reply> {
+    let labels = plan.labels();
+    let span = labels.span();
+    span.record("db.system.name", DB::dialect(conn).system_name());
+    let begun = savepoint_in(conn, plan).instrument(span.clone()).await;
+    observed::<DB, P>(&labels, span, begun)
+}
+
+async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
     conn: &'c mut DB::Connection,
     plan: &P,
 ) -> Begun<'c, DB, P::Reply> {
@@ -248,6 +309,7 @@ pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
             tx: savepoint,
             _writer: None,
             staged,
+            span: Span::none(),
         }),
         Ok(Entered::Done { reply, commit }) => {
             let ended = if commit {
@@ -269,12 +331,30 @@ impl<'c, DB: Backend> Work<'c, DB> {
 
     /// The writer turn this unit holds, to run the body under ([`Held::run`]).
     pub fn held(&self) -> Held {
-        Held(self._writer.as_ref().map(|w| w.database().clone()))
+        Held(
+            self._writer.as_ref().map(|w| w.database().clone()),
+            self.span.clone(),
+        )
     }
 
     /// Ends the call with the body's result: stores it for every stage that keeps one and
     /// commits, or rolls everything back if the body failed.
     pub async fn finish<P: Plan<DB>, E>(
+        self,
+        plan: &P,
+        result: Result<P::Value, E>,
+    ) -> Result<P::Reply, Error<E>> {
+        let span = self.span.clone();
+        let done = self
+            .store_and_commit(plan, result)
+            .instrument(span.clone())
+            .await;
+        plan.labels()
+            .ended(&span, done.as_ref().map(P::outcome_name));
+        done
+    }
+
+    async fn store_and_commit<P: Plan<DB>, E>(
         mut self,
         plan: &P,
         result: Result<P::Value, E>,

@@ -145,6 +145,14 @@ impl Dialect {
         }
     }
 
+    /// The database's name in OpenTelemetry's `db.system.name`.
+    pub fn system_name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgresql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+
     /// The statement that opens a write transaction. SQLite must take the write lock up
     /// front: a deferred transaction that later upgrades fails with SQLITE_BUSY at once
     /// instead of waiting for the busy timeout.

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Running totals of one [`Inbox`](super::Inbox) (shared by its clones), since it was made.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
+    group: String,
     applied: AtomicU64,
     duplicates: AtomicU64,
     conflicts: AtomicU64,
@@ -55,7 +56,26 @@ pub(crate) enum Counter {
 }
 
 impl Counters {
+    pub(crate) fn new(group: &str) -> Counters {
+        Counters {
+            group: group.to_owned(),
+            ..Counters::default()
+        }
+    }
+
     pub(crate) fn add(&self, counter: Counter, n: u64) {
+        // The events a call's outcome does not already tell (see `observe`).
+        let event = match counter {
+            Counter::Takeovers => Some("lease_takeover"),
+            Counter::Dead => Some("dead"),
+            Counter::Purged => Some("purged"),
+            _ => None,
+        };
+        if let Some(event) = event
+            && n > 0
+        {
+            crate::observe::inbox_event(&self.group, event, n);
+        }
         let cell = match counter {
             Counter::Applied => &self.applied,
             Counter::Duplicates => &self.duplicates,

@@ -186,12 +186,12 @@ impl Inbox {
     pub fn new(group: impl Into<String>) -> Result<Inbox, KeyError> {
         let group = valid_text(group.into())?;
         Ok(Inbox {
+            counters: Arc::new(Counters::new(&group)),
             group,
             lease: Duration::from_secs(30),
             max_attempts: 5,
             lock_timeout: None,
             clock: Arc::new(SystemClock),
-            counters: Arc::default(),
         })
     }
 
@@ -416,6 +416,23 @@ impl Inbox {
         }
     }
 
+    /// The records of this group stuck in PROCESSING past their lease: a leased attempt
+    /// whose worker died (or hangs) and whose message the broker has not redelivered yet. A
+    /// redelivery takes each over; until then, nothing moves. Export it as a gauge and alert
+    /// when it stays above zero.
+    pub async fn stuck<DB: Backend>(&self, pool: &Pool<DB>) -> Result<Stuck, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let now = self.clock.now_millis();
+        let params = [Param::Text(&self.group), Param::Int(now)];
+        let row = DB::fetch(&mut conn, sql::STUCK, &params)
+            .await?
+            .unwrap_or_default();
+        Ok(Stuck {
+            count: row.int("stuck").map_or(0, |n| n.max(0) as u64),
+            oldest_lease_until_millis: row.int("oldest"),
+        })
+    }
+
     /// Runs [`purge`](Self::purge) every `every` on a background task. A failed purge is
     /// retried at the next tick; the task ends when the handle is aborted or dropped with
     /// the runtime.
@@ -491,6 +508,15 @@ impl Inbox {
             problem: problem.to_owned(),
         }
     }
+}
+
+/// Records stuck in PROCESSING past their lease, see [`Inbox::stuck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stuck {
+    /// How many.
+    pub count: u64,
+    /// When the oldest one's lease ended (milliseconds since the epoch), if any.
+    pub oldest_lease_until_millis: Option<i64>,
 }
 
 /// A parameter usable as the `inbox = "…"` of an `#[idempotent]` message handler.

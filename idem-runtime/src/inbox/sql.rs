@@ -52,6 +52,11 @@ pub(crate) const FAIL: &str = "UPDATE idem_inbox \
 pub(crate) const EXTEND: &str = "UPDATE idem_inbox SET lease_until = $3, updated_at = $4 \
     WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $5";
 
+/// How many records of `$1` group are PROCESSING with a lease that ended before `$2`, and
+/// the oldest such lease.
+pub(crate) const STUCK: &str = "SELECT COUNT(*) AS stuck, MIN(lease_until) AS oldest \
+    FROM idem_inbox WHERE consumer_group = $1 AND status = 'PROCESSING' AND lease_until <= $2";
+
 /// One bounded batch of retention (PostgreSQL): finished records of `$1` group last
 /// touched before `$2`, at most `$3`, skipping rows another transaction holds.
 pub(crate) const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE ctid IN (\

@@ -9,6 +9,7 @@ use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::Codec;
+use crate::observe::Labels;
 use crate::outcome::Refusal;
 use crate::work::{Entered, GaveUp, Plan, Staged};
 use std::convert::Infallible;
@@ -43,6 +44,15 @@ impl InboxStage {
 
     fn patience(&self) -> Option<Duration> {
         self.inbox.lock_timeout
+    }
+
+    /// The consumer group and the message key, for the call's span and counters.
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.inbox.group),
+            key: Some(self.key.as_str()),
+            ..Labels::default()
+        }
     }
 
     /// Records the delivery: `Ok` if this delivery is to run the handler, otherwise what
@@ -190,6 +200,14 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     fn applied(&self, value: T) -> Delivery<T> {
         Delivery::Processed(value)
     }
+
+    fn labels(&self) -> Labels<'_> {
+        self.stage.labels()
+    }
+
+    fn outcome_name(reply: &Delivery<T>) -> &'static str {
+        reply.kind()
+    }
 }
 
 /// The plan of a message handler that is also a transition: the inbox stage, then the
@@ -291,6 +309,21 @@ where
 
     fn applied(&self, value: T) -> Self::Reply {
         Delivery::Processed(value)
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.inbox.inbox.group),
+            ..self.transition.labels()
+        }
+    }
+
+    fn outcome_name(reply: &Self::Reply) -> &'static str {
+        match reply {
+            // Why it was refused says more: not_yet, illegal_state, …
+            Delivery::Refused(refusal) => refusal.kind().as_str(),
+            other => other.kind(),
+        }
     }
 }
 

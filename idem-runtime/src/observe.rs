@@ -1,0 +1,159 @@
+//! What idem tells the outside while it works: one `tracing` span per call, and, with the
+//! feature `metrics`, counters through the `metrics` facade.
+//!
+//! # The span
+//!
+//! Every unit of work runs in an INFO span named `idem`, whose fields follow OpenTelemetry's
+//! database and messaging conventions where they fit:
+//!
+//! | field | value |
+//! |---|---|
+//! | `db.system.name` | `sqlite` or `postgresql` |
+//! | `idem.machine` | the machine's id (`#[machine(id = …)]`, by default its table) |
+//! | `idem.transition` | `FROM->TO` |
+//! | `messaging.consumer.group.name` | the inbox's consumer group |
+//! | `idem.key` | the business or message key — only after [`set_trace_keys(true)`](set_trace_keys): keys may be personal data |
+//! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; `error` |
+//! | `idem.retries` | conflicts lost before the body and retried |
+//! | `error.type` | for `error`: `handler`, `database`, `contention`, `invalid_key`, `corrupt_row`, `corrupt_record`, `lease_lost`, `result_too_large`, `result` |
+//!
+//! The handler's body runs inside the span, so its own events and spans nest under it.
+//!
+//! # Counters (feature `metrics`)
+//!
+//! - `idem_outcomes_total{machine, transition, consumer_group, outcome}`: one per call, by
+//!   outcome as in the span (labels that do not apply are left out);
+//! - `idem_retries_total{machine, transition, consumer_group}`: conflicts retried before the
+//!   body;
+//! - `idem_inbox_events_total{consumer_group, event}`: `lease_takeover`, `dead`, `purged`.
+//!
+//! Install any `metrics` recorder (Prometheus, StatsD, …) to export them. Records stuck in
+//! PROCESSING past their lease are counted by [`Inbox::stuck`](crate::inbox::Inbox::stuck).
+
+use crate::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tracing::field::Empty;
+
+static TRACE_KEYS: AtomicBool = AtomicBool::new(false);
+
+/// Whether idem's spans record the call's key (`idem.key`). Off by default: business keys
+/// and message keys may be personal data. Process-wide.
+pub fn set_trace_keys(on: bool) {
+    TRACE_KEYS.store(on, Ordering::Relaxed);
+}
+
+/// What a call is about, for its span and counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Labels<'a> {
+    /// The machine's id.
+    pub machine: Option<&'static str>,
+    /// The transition's source and target state names.
+    pub transition: Option<(&'static str, &'static str)>,
+    /// The inbox's consumer group.
+    pub group: Option<&'a str>,
+    /// The key, recorded only if [`set_trace_keys`] allows.
+    pub key: Option<&'a str>,
+}
+
+impl Labels<'_> {
+    /// The span of a call.
+    pub(crate) fn span(&self) -> tracing::Span {
+        let transition = self
+            .transition
+            .map(|(from, to)| tracing::field::display(Arrow(from, to)));
+        let span = tracing::info_span!(
+            "idem",
+            db.system.name = Empty,
+            idem.machine = self.machine,
+            idem.transition = transition,
+            messaging.consumer.group.name = self.group,
+            idem.key = Empty,
+            idem.outcome = Empty,
+            idem.retries = Empty,
+            error.type = Empty,
+        );
+        if let Some(key) = self.key
+            && TRACE_KEYS.load(Ordering::Relaxed)
+        {
+            span.record("idem.key", key);
+        }
+        span
+    }
+
+    /// Records how the call ended, in its span and (feature `metrics`) the counters.
+    pub(crate) fn ended<E>(&self, span: &tracing::Span, outcome: Result<&'static str, &Error<E>>) {
+        let name = match outcome {
+            Ok(name) => name,
+            Err(e) => {
+                span.record("error.type", error_type(e));
+                "error"
+            }
+        };
+        span.record("idem.outcome", name);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idem_outcomes_total", self.metric_labels(Some(name))).increment(1);
+    }
+
+    /// Records `retries` conflicts retried before the body.
+    pub(crate) fn retried(&self, span: &tracing::Span, retries: u32) {
+        if retries == 0 {
+            return;
+        }
+        span.record("idem.retries", retries);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idem_retries_total", self.metric_labels(None))
+            .increment(u64::from(retries));
+    }
+
+    #[cfg(feature = "metrics")]
+    fn metric_labels(&self, outcome: Option<&'static str>) -> Vec<metrics::Label> {
+        let mut labels = Vec::with_capacity(4);
+        if let Some(machine) = self.machine {
+            labels.push(metrics::Label::from_static_parts("machine", machine));
+        }
+        if let Some((from, to)) = self.transition {
+            labels.push(metrics::Label::new("transition", format!("{from}->{to}")));
+        }
+        if let Some(group) = self.group {
+            labels.push(metrics::Label::new("consumer_group", group.to_owned()));
+        }
+        if let Some(outcome) = outcome {
+            labels.push(metrics::Label::from_static_parts("outcome", outcome));
+        }
+        labels
+    }
+}
+
+/// Counts an inbox event (`lease_takeover`, `dead`, `purged`) for `group`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn inbox_event(group: &str, event: &'static str, n: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idem_inbox_events_total",
+        "consumer_group" => group.to_owned(),
+        "event" => event
+    )
+    .increment(n);
+}
+
+struct Arrow(&'static str, &'static str);
+
+impl core::fmt::Display for Arrow {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}->{}", self.0, self.1)
+    }
+}
+
+fn error_type<E>(error: &Error<E>) -> &'static str {
+    match error {
+        Error::Handler(_) => "handler",
+        Error::Database(_) => "database",
+        Error::Contention { .. } => "contention",
+        Error::InvalidKey(_) => "invalid_key",
+        Error::CorruptRow { .. } => "corrupt_row",
+        Error::CorruptRecord { .. } => "corrupt_record",
+        Error::LeaseLost { .. } => "lease_lost",
+        Error::ResultTooLarge { .. } => "result_too_large",
+        Error::Result(_) => "result",
+    }
+}

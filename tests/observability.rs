@@ -1,0 +1,328 @@
+//! Every call in a `tracing` span with its machine, transition, group and outcome (the key
+//! only when allowed), the body's events inside it; counters through the `metrics` facade;
+//! records stuck past their lease. A real subscriber and a real recorder, written here,
+//! receive them from a real SQLite database.
+
+mod common;
+
+use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey};
+use idem::{Outcome, StateMachine};
+use sqlx::{Sqlite, Transaction};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+pub enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+}
+
+#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<i64, sqlx::Error> {
+    let _ = tx;
+    tracing::info!(order_id, "paying");
+    Ok(order_id)
+}
+
+#[idem::idempotent(inbox = "inbox", message = "key", payload = "payload",
+    machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
+async fn ship(
+    tx: &mut Transaction<'_, Sqlite>,
+    inbox: &Inbox,
+    key: &MessageKey,
+    payload: &[u8],
+    order_id: i64,
+) -> Result<(), sqlx::Error> {
+    let _ = (tx, payload);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// A subscriber that keeps every span's fields and every event's span.
+
+#[derive(Default)]
+struct Captured {
+    spans: Vec<(String, BTreeMap<String, String>)>,
+    /// (event message, the name of the span it happened in)
+    events: Vec<(String, Option<String>)>,
+    stack: Vec<u64>,
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Captured>>);
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let mut captured = self.0.lock().unwrap();
+        let mut fields = BTreeMap::new();
+        span.record(&mut Fields(&mut fields));
+        captured
+            .spans
+            .push((span.metadata().name().to_owned(), fields));
+        Id::from_u64(captured.spans.len() as u64)
+    }
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        let mut captured = self.0.lock().unwrap();
+        let fields = &mut captured.spans[span.into_u64() as usize - 1].1;
+        values.record(&mut Fields(fields));
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut captured = self.0.lock().unwrap();
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        let within = captured
+            .stack
+            .last()
+            .map(|id| captured.spans[*id as usize - 1].0.clone());
+        let message = fields.remove("message").unwrap_or_default();
+        captured.events.push((message, within));
+    }
+    fn enter(&self, span: &Id) {
+        self.0.lock().unwrap().stack.push(span.into_u64());
+    }
+    fn exit(&self, _: &Id) {
+        self.0.lock().unwrap().stack.pop();
+    }
+}
+
+impl Capture {
+    /// The `idem` spans, by their fields.
+    fn idem_spans(&self) -> Vec<BTreeMap<String, String>> {
+        let captured = self.0.lock().unwrap();
+        captured
+            .spans
+            .iter()
+            .filter(|(name, _)| name == "idem")
+            .map(|(_, fields)| fields.clone())
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A recorder that keeps every counter, by name and labels.
+
+#[derive(Clone, Default)]
+struct Counters(Arc<Mutex<BTreeMap<String, Arc<AtomicU64>>>>);
+
+struct Cell(Arc<AtomicU64>);
+
+impl metrics::CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let cell = self.0.lock().unwrap().entry(name).or_default().clone();
+        metrics::Counter::from_arc(Arc::new(Cell(cell)))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+impl Counters {
+    fn get(&self, name: &str) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |cell| cell.load(Ordering::Relaxed))
+    }
+}
+
+/// Runs `test` on a current-thread runtime, with `capture` as the subscriber and `counters`
+/// as the recorder of this thread (where every task of that runtime runs).
+fn observed(capture: &Capture, counters: &Counters, test: impl AsyncFnOnce()) {
+    // `idem::set_trace_keys` is process-wide: these tests take turns.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dispatch = tracing::Dispatch::new(capture.clone());
+    tracing::dispatcher::with_default(&dispatch, || {
+        metrics::with_local_recorder(counters, || runtime.block_on(test()))
+    });
+}
+
+async fn setup(name: &str) -> sqlx::SqlitePool {
+    let pool = common::sqlite_file(name, 2).await;
+    idem::migrate(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED'), (2, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+#[test]
+fn a_transition_runs_in_a_span_with_its_outcome_and_the_body_inside() {
+    let (capture, counters) = (Capture::default(), Counters::default());
+    observed(&capture, &counters, async || {
+        let pool = setup("observe-transition").await;
+        assert_eq!(pay(&pool, 1).await.unwrap(), Outcome::Applied(1));
+        assert!(matches!(
+            pay(&pool, 1).await.unwrap(),
+            Outcome::AlreadyDone { .. }
+        ));
+        assert_eq!(pay(&pool, 9).await.unwrap(), Outcome::NotFound);
+    });
+    let spans = capture.idem_spans();
+    assert_eq!(spans.len(), 3, "{spans:#?}");
+    for span in &spans {
+        assert_eq!(span["idem.machine"], "orders");
+        assert_eq!(span["idem.transition"], "CREATED->PAID");
+        assert_eq!(span["db.system.name"], "sqlite");
+        assert!(
+            !span.contains_key("idem.key"),
+            "keys are not traced by default: {span:?}"
+        );
+    }
+    let outcomes: Vec<&str> = spans.iter().map(|s| s["idem.outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["applied", "already_done", "not_found"]);
+    // The body's event happened inside the call's span.
+    let events = capture.0.lock().unwrap().events.clone();
+    assert!(
+        events.contains(&("paying".to_owned(), Some("idem".to_owned()))),
+        "{events:?}"
+    );
+    let label = |outcome: &str| {
+        format!("idem_outcomes_total{{machine=orders,outcome={outcome},transition=CREATED->PAID}}")
+    };
+    assert_eq!(counters.get(&label("applied")), 1);
+    assert_eq!(counters.get(&label("already_done")), 1);
+    assert_eq!(counters.get(&label("not_found")), 1);
+}
+
+#[test]
+fn a_consumer_transition_reports_its_group_and_why_it_was_refused() {
+    let (capture, counters) = (Capture::default(), Counters::default());
+    observed(&capture, &counters, async || {
+        idem::set_trace_keys(true);
+        let pool = setup("observe-consumer").await;
+        let inbox = Inbox::new("shipping").unwrap();
+        let key = MessageKey::business("order:2", "ship").unwrap();
+        let early = ship(&pool, &inbox, &key, b"s", 2).await;
+        idem::set_trace_keys(false);
+        assert!(matches!(early, Ok(Delivery::Refused(_))), "{early:?}");
+    });
+    let spans = capture.idem_spans();
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    let span = &spans[0];
+    assert_eq!(span["messaging.consumer.group.name"], "shipping");
+    assert_eq!(span["idem.transition"], "PAID->SHIPPED");
+    assert_eq!(span["idem.outcome"], "not_yet");
+    assert_eq!(span["idem.key"], "2", "keys are traced once allowed");
+    assert_eq!(
+        counters.get(
+            "idem_outcomes_total{consumer_group=shipping,machine=orders,outcome=not_yet,transition=PAID->SHIPPED}"
+        ),
+        1
+    );
+}
+
+#[test]
+fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
+    let (capture, counters) = (Capture::default(), Counters::default());
+    observed(&capture, &counters, async || {
+        let pool = setup("observe-stuck").await;
+        let clock = ManualClock::new(1_000_000);
+        let inbox = Inbox::new("payouts")
+            .unwrap()
+            .lease(Duration::from_secs(30))
+            .clock(clock.clone());
+        for n in 0..3 {
+            let key = MessageKey::new(format!("payout:{n}")).unwrap();
+            let Claimed::Work(_lease) = inbox.claim::<_, i64>(&pool, &key, b"p").await.unwrap()
+            else {
+                panic!("a first claim works");
+            };
+            // The worker dies: the lease is dropped, never completed.
+        }
+        assert_eq!(
+            inbox.stuck(&pool).await.unwrap().count,
+            0,
+            "leases still running"
+        );
+        clock.advance(Duration::from_secs(31));
+        let stuck = inbox.stuck(&pool).await.unwrap();
+        assert_eq!(stuck.count, 3);
+        assert_eq!(stuck.oldest_lease_until_millis, Some(1_030_000));
+        // A redelivery takes one over.
+        let key = MessageKey::new("payout:0").unwrap();
+        assert!(matches!(
+            inbox.claim::<_, i64>(&pool, &key, b"p").await.unwrap(),
+            Claimed::Work(_)
+        ));
+        assert_eq!(inbox.stuck(&pool).await.unwrap().count, 2);
+    });
+    assert_eq!(
+        counters.get("idem_inbox_events_total{consumer_group=payouts,event=lease_takeover}"),
+        1
+    );
+}
