@@ -45,6 +45,12 @@ enum Strategy {
     Idem,
     /// The same, returning a receipt number, stored as the first result.
     IdemStored,
+    /// `Idem` with a `tracing` subscriber that formats every span field (as a log
+    /// formatter would): the cost of the span against no subscriber.
+    IdemTraced,
+    /// `Idem` inside the caller's transaction: the caller begins (SQLite: `BEGIN
+    /// IMMEDIATE`) and commits; idem works in a savepoint.
+    IdemInTransaction,
     /// The floor: conditional UPDATE, the insert if it matched, a classifying SELECT if not.
     HandWritten,
     /// The floor on SQLite through a single connection (one writer, no busy waiting).
@@ -67,6 +73,8 @@ impl Strategy {
         match self {
             Strategy::Idem => "idem",
             Strategy::IdemStored => "idem-stored",
+            Strategy::IdemTraced => "idem-traced",
+            Strategy::IdemInTransaction => "idem-tx",
             Strategy::HandWritten => "floor",
             Strategy::HandWrittenOneConnection => "floor-1",
             Strategy::HandWrittenIdemStatement => "idem-statement",
@@ -80,6 +88,8 @@ impl Strategy {
         match self {
             Strategy::Idem => "idem",
             Strategy::IdemStored => "idem, result stored",
+            Strategy::IdemTraced => "idem, traced",
+            Strategy::IdemInTransaction => "idem, in the caller's transaction",
             Strategy::HandWritten => "hand-written (floor)",
             Strategy::HandWrittenOneConnection => "hand-written, 1 connection",
             Strategy::HandWrittenIdemStatement => "hand-written, idem's statement",
@@ -244,7 +254,7 @@ macro_rules! backend {
                         .bind(order_id)
                         .bind("CREATED")
                         .bind("PAID")
-                        .bind("Order")
+                        .bind(<Order as idem::Machine>::DEFINITION.id)
                         .bind(order_id.to_string())
                         .fetch_one(&mut *tx)
                         .await?;
@@ -270,7 +280,7 @@ macro_rules! backend {
                         .bind(order_id)
                         .bind("CREATED")
                         .bind("PAID")
-                        .bind("Order")
+                        .bind(<Order as idem::Machine>::DEFINITION.id)
                         .bind(order_id.to_string())
                         .fetch_one(&mut *tx)
                         .await?;
@@ -316,6 +326,16 @@ macro_rules! backend {
                 pay_and_commit(tx, order_id).await
             }
 
+            async fn in_transaction(
+                pool: &P,
+                order_id: i64,
+            ) -> Result<bool, idem::Error<sqlx::Error>> {
+                let mut tx = begin_write(pool).await?;
+                let applied = pay(&mut tx, order_id).await?.is_applied();
+                tx.commit().await?;
+                Ok(applied)
+            }
+
             async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
                 let read = "SELECT status FROM orders WHERE order_id = $1";
                 read_then_act(pool.begin().await?, read, order_id).await
@@ -351,6 +371,17 @@ macro_rules! backend {
                     Strategy::IdemStored => pay_stored(pool, order_id)
                         .await
                         .map(|o| o.is_applied())
+                        .map_err(|e| e.to_string()),
+                    Strategy::IdemTraced => {
+                        use tracing::instrument::WithSubscriber;
+                        pay(pool, order_id)
+                            .with_subscriber(crate::formatting_subscriber())
+                            .await
+                            .map(|o| o.is_applied())
+                            .map_err(|e| e.to_string())
+                    }
+                    Strategy::IdemInTransaction => in_transaction(pool, order_id)
+                        .await
                         .map_err(|e| e.to_string()),
                     Strategy::HandWritten | Strategy::HandWrittenOneConnection => {
                         hand_written(pool, order_id)
@@ -489,6 +520,48 @@ backend!(
          INSERT INTO orders (order_id, status) SELECT n, 'CREATED' FROM g",
     ]
 );
+
+/// A `tracing` subscriber that does what a log formatter does with every span: formats each
+/// field into text (and throws it away).
+fn formatting_subscriber() -> tracing::Dispatch {
+    use std::fmt::Write;
+    use tracing::field::{Field, Visit};
+    struct Format(String);
+    impl Visit for Format {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            let _ = write!(self.0, " {}={:?}", field.name(), value);
+        }
+    }
+    struct Formatting(AtomicU64);
+    impl tracing::Subscriber for Formatting {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut line = Format(String::with_capacity(128));
+            span.record(&mut line);
+            std::hint::black_box(&line.0);
+            tracing::span::Id::from_u64(self.0.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+            let mut line = Format(String::with_capacity(64));
+            values.record(&mut line);
+            std::hint::black_box(&line.0);
+        }
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut line = Format(String::with_capacity(128));
+            event.record(&mut line);
+            std::hint::black_box(&line.0);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+    static DISPATCH: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    DISPATCH
+        .get_or_init(|| tracing::Dispatch::new(Formatting(AtomicU64::new(0))))
+        .clone()
+}
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -665,6 +738,8 @@ fn main() {
         let strategies = selected(&[
             Strategy::Idem,
             Strategy::IdemStored,
+            Strategy::IdemTraced,
+            Strategy::IdemInTransaction,
             Strategy::HandWritten,
             Strategy::HandWrittenIdemStatement,
             Strategy::CheckThenAct,
@@ -727,6 +802,8 @@ fn main() {
     let strategies = selected(&[
         Strategy::Idem,
         Strategy::IdemStored,
+        Strategy::IdemTraced,
+        Strategy::IdemInTransaction,
         Strategy::HandWritten,
         Strategy::HandWrittenOneConnection,
         Strategy::HandWrittenIdemStatement,

@@ -213,14 +213,14 @@ composition_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("composition-{}", next_id()), 4).await),
+    Some(common::sqlite_file(&format!("composition-{}", common::next_id()), 4).await),
     begin_sqlite
 );
 composition_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("composition_{}", next_id()), 4).await,
+    common::postgres(&format!("composition_{}", common::next_id()), 4).await,
     begin_postgres
 );
 
@@ -231,14 +231,4 @@ async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sql
 
 async fn begin_postgres(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
     pool.begin().await.unwrap()
-}
-
-fn next_id() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }

@@ -273,13 +273,13 @@ consumer_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("consumers-{}", next_id()), 8).await)
+    Some(common::sqlite_file(&format!("consumers-{}", common::next_id()), 8).await)
 );
 consumer_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("consumers_{}", next_id()), 8).await
+    common::postgres(&format!("consumers_{}", common::next_id()), 8).await
 );
 // Under REPEATABLE READ the losers of a race fail with serialization failures instead of
 // waiting: the combined form retries them before the body, like the other forms.
@@ -288,19 +288,9 @@ consumer_tests!(
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres_with(
-        &format!("consumers_rr_{}", next_id()),
+        &format!("consumers_rr_{}", common::next_id()),
         8,
         &[("default_transaction_isolation", "repeatable\\ read")]
     )
     .await
 );
-
-fn next_id() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}

@@ -390,13 +390,13 @@ inbox_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("inbox-{}", next_id()), 8).await)
+    Some(common::sqlite_file(&format!("inbox-{}", common::next_id()), 8).await)
 );
 inbox_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("inbox_{}", next_id()), 8).await
+    common::postgres(&format!("inbox_{}", common::next_id()), 8).await
 );
 // Under REPEATABLE READ a duplicate that races the first delivery fails with a
 // serialization failure instead of waiting; the inbox retries it before the handler runs.
@@ -405,23 +405,12 @@ inbox_tests!(
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres_with(
-        &format!("inbox_rr_{}", next_id()),
+        &format!("inbox_rr_{}", common::next_id()),
         8,
         &[("default_transaction_isolation", "repeatable\\ read")]
     )
     .await
 );
-
-/// A process-unique number, so each test gets its own database or schema.
-fn next_id() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 trait Done<T> {
     fn done(self) -> Option<Delivery<T>>;

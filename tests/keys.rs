@@ -132,23 +132,13 @@ key_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("keys-{}", next_id()), 4).await),
+    Some(common::sqlite_file(&format!("keys-{}", common::next_id()), 4).await),
     "BLOB"
 );
 key_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("keys_{}", next_id()), 4).await,
+    common::postgres(&format!("keys_{}", common::next_id()), 4).await,
     "UUID"
 );
-
-fn next_id() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}

@@ -360,13 +360,13 @@ backend_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("transitions-{}", next_id()), 4).await)
+    Some(common::sqlite_file(&format!("transitions-{}", common::next_id()), 4).await)
 );
 backend_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("transitions_{}", next_id()), 4).await
+    common::postgres(&format!("transitions_{}", common::next_id()), 4).await
 );
 backend_tests!(
     any_sqlite,
@@ -375,7 +375,7 @@ backend_tests!(
     Some(
         any_pool(&format!(
             "sqlite:{}",
-            common::scratch_file(&format!("any-{}.db", next_id())).display()
+            common::scratch_file(&format!("any-{}.db", common::next_id())).display()
         ))
         .await
     )
@@ -384,19 +384,8 @@ backend_tests!(
     any_postgres,
     sqlx::Any,
     sqlx::AnyPool,
-    common::any_postgres(&format!("any_{}", next_id())).await
+    common::any_postgres(&format!("any_{}", common::next_id())).await
 );
-
-/// A process-unique number, so each test gets its own database or schema.
-fn next_id() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 async fn any_pool(url: &str) -> sqlx::AnyPool {
     sqlx::any::install_default_drivers();

@@ -72,7 +72,7 @@ impl Quoted {
         format!(
             "LEFT JOIN {table} AS cur ON cur.{key} = $1\n\
              LEFT JOIN {results} AS res ON res.machine = $4 AND res.entity_key = $5\n\
-             \x20   AND res.from_state = $2 AND res.to_state = $3"
+             \x20   AND res.from_state = CAST($2 AS TEXT) AND res.to_state = CAST($3 AS TEXT)"
         )
     }
 

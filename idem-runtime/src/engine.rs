@@ -321,8 +321,8 @@ async fn attempt<DB: Backend>(
     let sql = call.dialect.statements(t.definition);
     let (key, from, to) = (
         call.key_param(),
-        Param::Text(t.from_name()),
-        Param::Text(t.to_name()),
+        Param::State(t.from_name()),
+        Param::State(t.to_name()),
     );
     let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
     if inline && call.dialect == Dialect::Postgres {

@@ -136,6 +136,17 @@ pub async fn sqlite_file(name: &str, max_connections: u32) -> SqlitePool {
     pool
 }
 
+/// A process-unique name part, so each test gets its own database or schema.
+pub fn next_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// A path under the target directory, with any earlier file (and WAL) removed.
 pub fn scratch_file(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-tests");

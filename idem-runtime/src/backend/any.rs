@@ -15,7 +15,9 @@ impl generic::Bind for Any {
     fn bind<'a>(query: generic::Query<'a, Self>, param: Param<'a>) -> generic::Query<'a, Self> {
         match param {
             Param::Int(n) => query.bind(n),
-            Param::Text(s) => query.bind(s),
+            // `sqlx::Any` types every string as text: an ENUM state column needs the
+            // `Postgres` backend.
+            Param::Text(s) | Param::State(s) => query.bind(s),
             Param::Null => query.bind(None::<i64>),
             // `sqlx::Any` has no UUID type: bound as its text, which a PostgreSQL `uuid`
             // column refuses (use the `Postgres` backend for UUID keys) and a text column

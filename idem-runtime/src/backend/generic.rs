@@ -77,7 +77,7 @@ macro_rules! bind_natively {
                 use $crate::backend::Param;
                 match param {
                     Param::Int(n) => query.bind(n),
-                    Param::Text(s) => query.bind(s),
+                    Param::Text(s) | Param::State(s) => query.bind(s),
                     Param::Null => query.bind(None::<i64>),
                     #[cfg(feature = "uuid")]
                     Param::Uuid(id) => query.bind(id),

@@ -68,6 +68,9 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 pub enum Param<'a> {
     Int(i64),
     Text(&'a str),
+    /// A state name, compared with or assigned to the state column: bound so that the
+    /// column's own type applies (PostgreSQL: `text`, `varchar` or an ENUM).
+    State(&'a str),
     /// NULL, typed as an integer.
     Null,
     /// A UUID, bound as the driver binds `uuid::Uuid`.

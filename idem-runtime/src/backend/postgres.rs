@@ -5,7 +5,41 @@ use core::future::Future;
 use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
 impl super::sealed::Sealed for Postgres {}
-generic::bind_natively!(Postgres);
+
+impl generic::Bind for Postgres {
+    fn bind<'a>(query: generic::Query<'a, Self>, param: Param<'a>) -> generic::Query<'a, Self> {
+        match param {
+            Param::Int(n) => query.bind(n),
+            Param::Text(s) => query.bind(s),
+            Param::State(s) => query.bind(Untyped(s)),
+            Param::Null => query.bind(None::<i64>),
+            #[cfg(feature = "uuid")]
+            Param::Uuid(id) => query.bind(id),
+        }
+    }
+}
+
+/// A state name sent without a declared type (OID 0), so PostgreSQL gives the parameter
+/// the type of the state column it is compared with or assigned to: `text`, `varchar`, or
+/// an ENUM type of the user's. Every other use of it in idem's statements is cast to text.
+/// Its bytes are the same in each of those types' binary form: the name, in UTF-8.
+struct Untyped<'a>(&'a str);
+
+impl sqlx::Type<Postgres> for Untyped<'_> {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(sqlx::postgres::types::Oid(0))
+    }
+}
+
+impl<'q> sqlx::Encode<'q, Postgres> for Untyped<'_> {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
 
 impl Backend for Postgres {
     fn begin_pool(
