@@ -90,6 +90,12 @@ pub trait Plan<DB: Backend>: Sync {
 
     /// The name of a reply, for the span's `idem.outcome` and the counters.
     fn outcome_name(reply: &Self::Reply) -> &'static str;
+
+    /// Called once for a call that ended before its body, after its transaction ended
+    /// (however many attempts it took): where a plan counts what happened.
+    fn settled(&self, reply: &Self::Reply) {
+        let _ = reply;
+    }
 }
 
 /// A call after its stages: either the body runs now in [`Work::transaction`], or the call
@@ -231,7 +237,11 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
             None => begin_write(pool).await,
             Some((patience, gave_up)) => match begin_write_within(pool, patience).await {
                 Ok(Some(begun)) => Ok(begun),
-                Ok(None) => return (Begun::Done(Ok(gave_up(plan))), backoff.attempts()),
+                Ok(None) => {
+                    let reply = gave_up(plan);
+                    plan.settled(&reply);
+                    return (Begun::Done(Ok(reply)), backoff.attempts());
+                }
                 Err(e) => Err(e),
             },
         };
@@ -261,6 +271,9 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                     tx.rollback().await
                 };
                 let done = ended.map(|()| reply).map_err(Error::from);
+                if let Ok(reply) = &done {
+                    plan.settled(reply);
+                }
                 return (Begun::Done(done), backoff.attempts());
             }
             // Lost a conflict before the body ran (at BEGIN, a busy SQLite database, or in
@@ -317,7 +330,11 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
             } else {
                 savepoint.rollback().await
             };
-            Begun::Done(ended.map(|()| reply).map_err(Error::from))
+            let done = ended.map(|()| reply).map_err(Error::from);
+            if let Ok(reply) = &done {
+                plan.settled(reply);
+            }
+            Begun::Done(done)
         }
         Err(e) => Begun::Done(Err(e)),
     }

@@ -314,6 +314,19 @@ impl Inbox {
         key: &MessageKey,
         payload: &[u8],
     ) -> Result<Claimed<T>, Error<Infallible>> {
+        let claimed = self.claim_once(pool, key, payload).await;
+        if let Ok(Claimed::Done(delivery)) = &claimed {
+            self.count(delivery, false);
+        }
+        claimed
+    }
+
+    async fn claim_once<DB: Backend, T: Serialize + DeserializeOwned>(
+        &self,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+        payload: &[u8],
+    ) -> Result<Claimed<T>, Error<Infallible>> {
         let fingerprint = fingerprint(payload);
         let Some((mut tx, _writer)) = self.begin(pool).await? else {
             return Ok(Claimed::Done(self.in_progress(None)));
@@ -488,7 +501,6 @@ impl Inbox {
     }
 
     fn in_progress<T, R>(&self, lease_until_millis: Option<i64>) -> Delivery<T, R> {
-        self.counters.add(Counter::InProgress, 1);
         Delivery::InProgress { lease_until_millis }
     }
 

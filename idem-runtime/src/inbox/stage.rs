@@ -26,6 +26,8 @@ pub struct InboxStage {
 pub struct Recorded {
     inbox: Inbox,
     key: MessageKey,
+    /// It took over an expired lease (counted once the delivery commits).
+    takeover: bool,
 }
 
 impl InboxStage {
@@ -87,6 +89,7 @@ impl InboxStage {
             Err(e) if lock_not_available(&e) => return Ok(Err(inbox.in_progress(None))),
             Err(e) => return Err(e.into()),
         };
+        let mut took_over = false;
         if inserted != 1 {
             match inbox
                 .found::<DB>(conn, &self.key, &self.fingerprint)
@@ -102,9 +105,7 @@ impl InboxStage {
                         Param::Int(attempts),
                     ];
                     DB::execute(conn, sql::RETRY, &params).await?;
-                    if takeover {
-                        inbox.counters.add(Counter::Takeovers, 1);
-                    }
+                    took_over = takeover;
                 }
                 Found::Ended(ended) => return inbox.ended(codec, &self.key, ended).map(Err),
             }
@@ -118,6 +119,7 @@ impl InboxStage {
         Ok(Ok(Recorded {
             inbox: inbox.clone(),
             key: self.key.clone(),
+            takeover: took_over,
         }))
     }
 }
@@ -142,6 +144,9 @@ impl Recorded {
     /// Counts a delivery whose handler ran and committed.
     pub(crate) fn applied(&self) {
         self.inbox.counters.add(Counter::Applied, 1);
+        if self.takeover {
+            self.inbox.counters.add(Counter::Takeovers, 1);
+        }
     }
 }
 
@@ -208,6 +213,10 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     fn outcome_name(reply: &Delivery<T>) -> &'static str {
         reply.kind()
     }
+
+    fn settled(&self, reply: &Delivery<T>) {
+        self.stage.inbox.count(reply, false);
+    }
 }
 
 /// The plan of a message handler that is also a transition: the inbox stage, then the
@@ -270,7 +279,6 @@ where
                 });
             }
         };
-        let counters = &self.inbox.inbox.counters;
         Ok(match self.transition.enter::<DB>(tx).await? {
             Ok(moved) => Entered::Run(Staged {
                 moved: Some(moved),
@@ -282,7 +290,6 @@ where
                 if let Some(json) = &first_result {
                     recorded.store::<DB>(tx, json).await?;
                 }
-                counters.add(Counter::Duplicates, 1);
                 Entered::Done {
                     reply: Delivery::Duplicate {
                         first_result: replay(self.codec, first_result)?,
@@ -290,16 +297,10 @@ where
                     commit: true,
                 }
             }
-            Err(NotMoved::Refused(refusal)) => {
-                counters.add(Counter::Refused, 1);
-                if refusal.is_illegal() {
-                    counters.add(Counter::Illegal, 1);
-                }
-                Entered::Done {
-                    reply: Delivery::Refused(refusal),
-                    commit: false,
-                }
-            }
+            Err(NotMoved::Refused(refusal)) => Entered::Done {
+                reply: Delivery::Refused(refusal),
+                commit: false,
+            },
         })
     }
 
@@ -325,10 +326,31 @@ where
             other => other.kind(),
         }
     }
+
+    fn settled(&self, reply: &Self::Reply) {
+        let illegal = matches!(reply, Delivery::Refused(refusal) if refusal.is_illegal());
+        self.inbox.inbox.count(reply, illegal);
+    }
 }
 
 impl Inbox {
-    /// What a delivery that found the message recorded replies.
+    /// Counts a delivery that ended without running the handler, once.
+    pub(crate) fn count<T, R>(&self, delivery: &Delivery<T, R>, illegal: bool) {
+        let counter = match delivery {
+            Delivery::Duplicate { .. } => Counter::Duplicates,
+            Delivery::Conflict => Counter::Conflicts,
+            Delivery::InProgress { .. } => Counter::InProgress,
+            Delivery::Refused(_) => Counter::Refused,
+            Delivery::Processed(_) | Delivery::Dead { .. } => return,
+        };
+        self.counters.add(counter, 1);
+        if illegal {
+            self.counters.add(Counter::Illegal, 1);
+        }
+    }
+
+    /// What a delivery that found the message recorded replies (not counted: see
+    /// [`count`](Self::count)).
     pub(crate) fn ended<T, R, E>(
         &self,
         codec: Codec<T>,
@@ -336,16 +358,10 @@ impl Inbox {
         ended: Ended,
     ) -> Result<Delivery<T, R>, Error<E>> {
         Ok(match ended {
-            Ended::Conflict => {
-                self.counters.add(Counter::Conflicts, 1);
-                Delivery::Conflict
-            }
-            Ended::Duplicate(stored) => {
-                self.counters.add(Counter::Duplicates, 1);
-                Delivery::Duplicate {
-                    first_result: replay(codec, stored)?,
-                }
-            }
+            Ended::Conflict => Delivery::Conflict,
+            Ended::Duplicate(stored) => Delivery::Duplicate {
+                first_result: replay(codec, stored)?,
+            },
             Ended::Dead {
                 attempts,
                 last_error,
