@@ -313,14 +313,25 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
         let stuck = inbox.stuck(&pool).await.unwrap();
         assert_eq!(stuck.count, 3);
         assert_eq!(stuck.oldest_lease_until_millis, Some(1_030_000));
-        // A redelivery takes one over.
+        // A redelivery takes one over, and completes it.
         let key = MessageKey::new("payout:0").unwrap();
-        assert!(matches!(
-            inbox.claim::<_, i64>(&pool, &key, b"p").await.unwrap(),
-            Claimed::Work(_)
-        ));
+        let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &key, b"p").await.unwrap() else {
+            panic!("an expired lease is taken over");
+        };
         assert_eq!(inbox.stuck(&pool).await.unwrap().count, 2);
+        let done = lease.complete(&pool, Ok::<_, String>(7)).await.unwrap();
+        assert_eq!(done, Delivery::Processed(7));
     });
+    // The leased mode's units of work have their spans too.
+    let outcomes: Vec<String> = capture
+        .idem_spans()
+        .iter()
+        .map(|span| span["idem.outcome"].clone())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["claimed", "claimed", "claimed", "claimed", "processed"]
+    );
     assert_eq!(
         counters.get("idem_inbox_events_total{consumer_group=payouts,event=lease_takeover}"),
         1

@@ -16,6 +16,9 @@
 //! A [`Plan`] is the list of stages of one kind of call and the shape of its reply; the
 //! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`] says,
 //! runs the body and calls [`Work::finish`], the same two calls for every combination.
+//! The leased inbox's claim and completion are plans too, whose stage always ends the call
+//! (they have no body in the database), so they share the begin, the conflict retry, the
+//! span and the once-only counting.
 
 use crate::backend::{
     Backend, Database, WriterGuard, begin_write, begin_write_within, holding, is_conflict,

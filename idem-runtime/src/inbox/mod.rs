@@ -33,6 +33,7 @@
 mod clock;
 mod counters;
 mod key;
+mod leased;
 mod record;
 mod sql;
 mod stage;
@@ -52,7 +53,6 @@ use crate::stored::bounded;
 use crate::work::{Begun, Work, begin};
 use clock::millis;
 use counters::{Counter, Counters};
-use record::Found;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -314,80 +314,15 @@ impl Inbox {
         key: &MessageKey,
         payload: &[u8],
     ) -> Result<Claimed<T>, Error<Infallible>> {
-        let claimed = self.claim_once(pool, key, payload).await;
-        if let Ok(Claimed::Done(delivery)) = &claimed {
-            self.count(delivery, false);
-        }
-        claimed
-    }
-
-    async fn claim_once<DB: Backend, T: Serialize + DeserializeOwned>(
-        &self,
-        pool: &Pool<DB>,
-        key: &MessageKey,
-        payload: &[u8],
-    ) -> Result<Claimed<T>, Error<Infallible>> {
-        let fingerprint = fingerprint(payload);
-        let Some((mut tx, _writer)) = self.begin(pool).await? else {
-            return Ok(Claimed::Done(self.in_progress(None)));
+        let plan = leased::ClaimPlan {
+            inbox: self,
+            key,
+            fingerprint: fingerprint(payload),
+            codec: codec::<Result<T, Infallible>>(),
         };
-        if let Some(timeout) = self.lock_timeout {
-            self.start_lock_timeout(&mut tx, timeout).await?;
-        }
-        let now = self.clock.now_millis();
-        let lease_until = now.saturating_add(millis(self.lease));
-        let (group, message) = (Param::Text(&self.group), Param::Text(key.as_str()));
-        let insert = [
-            group,
-            message,
-            Param::Text(&fingerprint),
-            Param::Text(record::PROCESSING),
-            Param::Int(lease_until),
-            Param::Int(now),
-        ];
-        let inserted = match DB::execute(&mut tx, sql::INSERT, &insert).await {
-            Ok(n) => n,
-            Err(e) if lock_not_available(&e) => return Ok(Claimed::Done(self.in_progress(None))),
-            Err(e) => return Err(e.into()),
-        };
-        if inserted == 1 {
-            tx.commit().await?;
-            reached(FaultPoint::Claimed);
-            return Ok(Claimed::Work(self.lease_of(key, 1, lease_until)));
-        }
-        match self.found::<DB>(&mut tx, key, &fingerprint).await? {
-            Found::Retry { attempts, .. } if attempts >= self.max_attempts => {
-                // The last attempt died with its lease (a crash): park the message.
-                DB::execute(&mut tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
-                tx.commit().await?;
-                self.counters.add(Counter::Dead, 1);
-                Ok(Claimed::Done(Delivery::Dead {
-                    attempts,
-                    last_error: Some("the lease of the last attempt expired".into()),
-                }))
-            }
-            Found::Retry { attempts, takeover } => {
-                let params = [
-                    group,
-                    message,
-                    Param::Text(record::PROCESSING),
-                    Param::Int(lease_until),
-                    Param::Int(now),
-                    Param::Int(attempts),
-                ];
-                DB::execute(&mut tx, sql::RETRY, &params).await?;
-                tx.commit().await?;
-                if takeover {
-                    self.counters.add(Counter::Takeovers, 1);
-                }
-                reached(FaultPoint::Claimed);
-                Ok(Claimed::Work(self.lease_of(key, attempts + 1, lease_until)))
-            }
-            Found::Ended(ended) => {
-                tx.rollback().await?;
-                self.ended(codec::<Result<T, Infallible>>(), key, ended)
-                    .map(Claimed::Done)
-            }
+        match begin(pool, &plan).await {
+            Begun::Done(done) => done.map(|claim| claim.claimed),
+            Begun::Run(_) => Err(self.corrupt(key, "a claim asked for a body it does not have")),
         }
     }
 
@@ -484,20 +419,6 @@ impl Inbox {
             },
         };
         Ok(Some((tx, writer)))
-    }
-
-    /// Bounds the wait for another delivery's lock on PostgreSQL, for this transaction.
-    async fn start_lock_timeout<DB: Backend>(
-        &self,
-        tx: &mut Transaction<'static, DB>,
-        timeout: Duration,
-    ) -> Result<(), sqlx::Error> {
-        if DB::dialect(tx) == Dialect::Postgres {
-            // SET takes no parameters; the value is our own integer.
-            let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
-            DB::execute(tx, &set, &[]).await?;
-        }
-        Ok(())
     }
 
     fn in_progress<T, R>(&self, lease_until_millis: Option<i64>) -> Delivery<T, R> {
@@ -679,75 +600,51 @@ impl Lease {
         result: Result<T, E>,
     ) -> Result<Delivery<T>, Error<E>> {
         reached(FaultPoint::WorkDone);
-        let inbox = &self.inbox;
+        // What to record: the result, or why there is none to keep. A result that cannot
+        // be stored is a failed attempt, so the message is retried (and parked after the
+        // last attempt), never lost.
+        let encoded = match &result {
+            Ok(value) => serde_json::to_string(value)
+                .map_err(Error::Result)
+                .and_then(bounded::<E>)
+                .map(Some),
+            Err(_) => Ok(None),
+        };
+        let failure = match (&result, &encoded) {
+            (Err(e), _) => Some(e.to_string()),
+            (Ok(_), Err(refused)) => Some(refused.to_string()),
+            (Ok(_), Ok(_)) => None,
+        };
+        let outcome = match (&failure, &encoded) {
+            (Some(error), _) => leased::Outcome::Failed(error),
+            (None, Ok(Some(json))) if json != "null" => leased::Outcome::Succeeded(Some(json)),
+            (None, _) => leased::Outcome::Succeeded(None),
+        };
         // No lock timeout: only the lease's holder writes its record, so the wait is short,
         // and giving up would lose the outcome.
-        let (mut tx, _writer) = begin_write(pool).await?;
-        let now = inbox.clock.now_millis();
-        let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
-        let value = match result {
-            Ok(value) => value,
-            Err(e) => {
-                self.fail(tx, &e.to_string(), now).await?;
-                return Err(Error::Handler(e));
-            }
+        let plan = leased::CompletePlan {
+            lease: &self,
+            outcome,
         };
-        let json = match serde_json::to_string(&value)
-            .map_err(Error::Result)
-            .and_then(bounded::<E>)
-        {
-            Ok(json) => json,
-            // The work is done but its result cannot be stored: a failed attempt, so the
-            // message is retried (and parked after the last attempt), never lost.
-            Err(refused) => {
-                self.fail(tx, &refused.to_string(), now).await?;
-                return Err(refused);
-            }
-        };
-        let stored = if json == "null" {
-            Param::Null
-        } else {
-            Param::Text(&json)
-        };
-        let params = [
-            group,
-            message,
-            stored,
-            Param::Int(now),
-            Param::Int(self.attempt),
-        ];
-        if DB::execute(&mut tx, sql::SUCCEED, &params).await? == 0 {
-            tx.rollback().await?;
-            return Err(self.lost());
+        match begin(pool, &plan).await {
+            Begun::Done(Ok(_)) => {}
+            Begun::Done(Err(e)) => return Err(e.widen()),
+            Begun::Run(_) => return Err(self.corrupt_run()),
         }
-        tx.commit().await?;
-        reached(FaultPoint::Committed);
-        inbox.counters.add(Counter::Applied, 1);
-        Ok(Delivery::Processed(value))
+        match (result, encoded) {
+            (Ok(value), Ok(_)) => Ok(Delivery::Processed(value)),
+            (Ok(_), Err(refused)) => Err(refused),
+            (Err(e), _) => Err(Error::Handler(e)),
+        }
     }
 
-    /// Records a failed attempt (DEAD after the last one) and commits.
-    async fn fail<DB: Backend>(
-        &self,
-        mut tx: Transaction<'static, DB>,
-        error: &str,
-        now: i64,
-    ) -> Result<(), sqlx::Error> {
-        let inbox = &self.inbox;
-        let params = [
-            Param::Text(&inbox.group),
-            Param::Text(self.key.as_str()),
-            Param::Int(inbox.max_attempts),
-            Param::Text(error),
-            Param::Int(now),
-            Param::Int(self.attempt),
-        ];
-        let recorded = DB::execute(&mut tx, sql::FAIL, &params).await? == 1;
-        tx.commit().await?;
-        if recorded && self.attempt >= inbox.max_attempts {
-            inbox.counters.add(Counter::Dead, 1);
-        }
-        Ok(())
+    /// A plan without a body let a call go on: idem's own bug, reported rather than
+    /// guessed at (the transaction was rolled back).
+    fn corrupt_run<E>(&self) -> Error<E> {
+        self.inbox.corrupt(
+            &self.key,
+            "a leased unit of work asked for a body it does not have",
+        )
     }
 
     fn lost<E>(&self) -> Error<E> {

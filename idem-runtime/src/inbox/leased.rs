@@ -1,0 +1,280 @@
+//! The leased mode's two short units of work: the claim (a PROCESSING record with a lease)
+//! and the completion (SUCCESS with the result, or FAILED with the error). Neither has a
+//! body in the database: each ends in its stage, committing what it wrote, so both get the
+//! unit of work's conflict retry, span and once-only counting.
+
+use super::counters::Counter;
+use super::record::{self, Found};
+use super::{Claimed, Delivery, Inbox, Lease, MessageKey, lock_not_available, sql};
+use crate::backend::{Backend, Dialect, Param};
+use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
+use crate::glue::Codec;
+use crate::observe::Labels;
+use crate::work::{Entered, GaveUp, Plan};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use super::clock::millis;
+
+/// A claim, and the event to count once it committed.
+pub(crate) struct Claim<T> {
+    pub(crate) claimed: Claimed<T>,
+    event: Option<Counter>,
+}
+
+/// The claim of a message for a leased attempt.
+pub(crate) struct ClaimPlan<'a, T> {
+    pub(crate) inbox: &'a Inbox,
+    pub(crate) key: &'a MessageKey,
+    pub(crate) fingerprint: String,
+    pub(crate) codec: Codec<T>,
+}
+
+impl<T> ClaimPlan<'_, T> {
+    fn done(claimed: Claimed<T>, event: Option<Counter>, commit: bool) -> Entered<Claim<T>> {
+        Entered::Done {
+            reply: Claim { claimed, event },
+            commit,
+        }
+    }
+}
+
+impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
+    // No body: a claim ends in its stage.
+    type Value = Infallible;
+    type Reply = Claim<T>;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Claim<T>>)> {
+        let gave_up: GaveUp<Self, Claim<T>> = |plan| Claim {
+            claimed: Claimed::Done(plan.inbox.in_progress(None)),
+            event: None,
+        };
+        self.inbox.lock_timeout.map(|patience| (patience, gave_up))
+    }
+
+    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Claim<T>>, Error<Infallible>> {
+        let inbox = self.inbox;
+        if let (Some(timeout), Dialect::Postgres) = (inbox.lock_timeout, DB::dialect(tx)) {
+            // SET takes no parameters; the value is our own integer. The transaction ends
+            // right after the claim, so the setting ends with it.
+            let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
+            DB::execute(tx, &set, &[]).await?;
+        }
+        let now = inbox.clock.now_millis();
+        let lease_until = now.saturating_add(millis(inbox.lease));
+        let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
+        let insert = [
+            group,
+            message,
+            Param::Text(&self.fingerprint),
+            Param::Text(record::PROCESSING),
+            Param::Int(lease_until),
+            Param::Int(now),
+        ];
+        let inserted = match DB::execute(tx, sql::INSERT, &insert).await {
+            Ok(n) => n,
+            Err(e) if lock_not_available(&e) => {
+                return Ok(Self::done(
+                    Claimed::Done(inbox.in_progress(None)),
+                    None,
+                    false,
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if inserted == 1 {
+            let lease = inbox.lease_of(self.key, 1, lease_until);
+            return Ok(Self::done(Claimed::Work(lease), None, true));
+        }
+        Ok(
+            match inbox.found::<DB>(tx, self.key, &self.fingerprint).await? {
+                Found::Retry { attempts, .. } if attempts >= inbox.max_attempts => {
+                    // The last attempt died with its lease (a crash): park the message.
+                    DB::execute(tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
+                    let dead = Delivery::Dead {
+                        attempts,
+                        last_error: Some("the lease of the last attempt expired".into()),
+                    };
+                    Self::done(Claimed::Done(dead), Some(Counter::Dead), true)
+                }
+                Found::Retry { attempts, takeover } => {
+                    let params = [
+                        group,
+                        message,
+                        Param::Text(record::PROCESSING),
+                        Param::Int(lease_until),
+                        Param::Int(now),
+                        Param::Int(attempts),
+                    ];
+                    DB::execute(tx, sql::RETRY, &params).await?;
+                    let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
+                    let event = takeover.then_some(Counter::Takeovers);
+                    Self::done(Claimed::Work(lease), event, true)
+                }
+                Found::Ended(ended) => {
+                    let delivery = inbox.ended(self.codec, self.key, ended)?;
+                    Self::done(Claimed::Done(delivery), None, false)
+                }
+            },
+        )
+    }
+
+    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
+        match *value {}
+    }
+
+    fn applied(&self, value: Infallible) -> Claim<T> {
+        match value {}
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.inbox.group),
+            key: Some(self.key.as_str()),
+            ..Labels::default()
+        }
+    }
+
+    fn outcome_name(reply: &Claim<T>) -> &'static str {
+        match &reply.claimed {
+            Claimed::Work(_) => "claimed",
+            Claimed::Done(delivery) => delivery.kind(),
+        }
+    }
+
+    fn settled(&self, reply: &Claim<T>) {
+        if let Some(event) = reply.event {
+            self.inbox.counters.add(event, 1);
+        }
+        match &reply.claimed {
+            Claimed::Work(_) => reached(FaultPoint::Claimed),
+            Claimed::Done(delivery) => self.inbox.count(delivery, false),
+        }
+    }
+}
+
+/// What a completion records.
+pub(crate) enum Outcome<'a> {
+    /// SUCCESS with this result (`None`: nothing to store).
+    Succeeded(Option<&'a str>),
+    /// FAILED (DEAD after the last attempt) with this error.
+    Failed(&'a str),
+}
+
+/// What a completion recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    Succeeded,
+    Failed,
+    /// The last allowed attempt failed: the message is parked as DEAD.
+    Buried,
+}
+
+/// The completion of a leased attempt.
+pub(crate) struct CompletePlan<'a> {
+    pub(crate) lease: &'a Lease,
+    pub(crate) outcome: Outcome<'a>,
+}
+
+impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
+    // No body: a completion ends in its stage.
+    type Value = Infallible;
+    type Reply = Recorded;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Recorded>, Error<Infallible>> {
+        let lease = self.lease;
+        let inbox = &lease.inbox;
+        let now = inbox.clock.now_millis();
+        let (group, message) = (Param::Text(&inbox.group), Param::Text(lease.key.as_str()));
+        let (reply, recorded) = match self.outcome {
+            Outcome::Succeeded(json) => {
+                let stored = json.map_or(Param::Null, Param::Text);
+                let params = [
+                    group,
+                    message,
+                    stored,
+                    Param::Int(now),
+                    Param::Int(lease.attempt),
+                ];
+                let recorded = DB::execute(tx, sql::SUCCEED, &params).await? == 1;
+                (Recorded::Succeeded, recorded)
+            }
+            Outcome::Failed(error) => {
+                let params = [
+                    group,
+                    message,
+                    Param::Int(inbox.max_attempts),
+                    Param::Text(error),
+                    Param::Int(now),
+                    Param::Int(lease.attempt),
+                ];
+                let recorded = DB::execute(tx, sql::FAIL, &params).await? == 1;
+                let last = recorded && lease.attempt >= inbox.max_attempts;
+                // A failure whose lease was taken over records nothing; the handler's
+                // error is still what the caller gets.
+                (
+                    if last {
+                        Recorded::Buried
+                    } else {
+                        Recorded::Failed
+                    },
+                    true,
+                )
+            }
+        };
+        if !recorded {
+            // Another delivery took the expired lease over: record nothing (the
+            // transaction is dropped, so rolled back).
+            return Err(lease.lost());
+        }
+        Ok(Entered::Done {
+            reply,
+            commit: true,
+        })
+    }
+
+    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
+        match *value {}
+    }
+
+    fn applied(&self, value: Infallible) -> Recorded {
+        match value {}
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.lease.inbox.group),
+            key: Some(self.lease.key.as_str()),
+            ..Labels::default()
+        }
+    }
+
+    fn outcome_name(reply: &Recorded) -> &'static str {
+        match reply {
+            Recorded::Succeeded => "processed",
+            Recorded::Failed => "failed",
+            Recorded::Buried => "dead",
+        }
+    }
+
+    fn settled(&self, reply: &Recorded) {
+        let counters = &self.lease.inbox.counters;
+        match reply {
+            Recorded::Succeeded => {
+                reached(FaultPoint::Committed);
+                counters.add(Counter::Applied, 1);
+            }
+            Recorded::Failed => {}
+            Recorded::Buried => counters.add(Counter::Dead, 1),
+        }
+    }
+}
