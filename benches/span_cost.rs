@@ -19,8 +19,11 @@
 //! every span and event, sqlx's statement logs included), `metrics` (a recorder that keeps
 //! every counter).
 
+#[path = "support/formatting.rs"]
+mod formatting;
+
+use formatting::Formatting;
 use idem::StateMachine;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,46 +46,6 @@ async fn pay(
         .execute(&mut **tx)
         .await?;
     Ok(())
-}
-
-struct Format(String);
-
-impl tracing::field::Visit for Format {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, " {}={:?}", field.name(), value);
-    }
-}
-
-/// Formats every field of every span and event it is enabled for, then drops the text:
-/// idem's own (`only_idem`), or everything, sqlx's statement logs included.
-struct Formatting {
-    next: AtomicU64,
-    only_idem: bool,
-}
-
-impl tracing::Subscriber for Formatting {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        !self.only_idem || metadata.target().starts_with("idem")
-    }
-    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        let mut line = Format(String::with_capacity(128));
-        span.record(&mut line);
-        std::hint::black_box(&line.0);
-        tracing::span::Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-        let mut line = Format(String::with_capacity(64));
-        values.record(&mut line);
-        std::hint::black_box(&line.0);
-    }
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = Format(String::with_capacity(128));
-        event.record(&mut line);
-        std::hint::black_box(&line.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// Keeps every counter's total.
@@ -153,10 +116,7 @@ fn main() {
     match mode.as_str() {
         "none" => {}
         "traced" | "traced-all" => {
-            let subscriber = Formatting {
-                next: AtomicU64::new(0),
-                only_idem: mode == "traced",
-            };
+            let subscriber = Formatting::new(mode == "traced");
             tracing::subscriber::set_global_default(subscriber).unwrap();
         }
         "metrics" => metrics::set_global_recorder(Recorder::default()).unwrap(),

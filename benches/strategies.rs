@@ -17,6 +17,9 @@
 #[path = "../tests/common/statement_log.rs"]
 mod statement_log;
 
+#[path = "support/formatting.rs"]
+mod formatting;
+
 use idem::StateMachine;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -521,45 +524,11 @@ backend!(
     ]
 );
 
-/// A `tracing` subscriber that does what a log formatter does with every span: formats each
-/// field into text (and throws it away).
+/// The formatting subscriber of `support/formatting.rs`, for every span and event.
 fn formatting_subscriber() -> tracing::Dispatch {
-    use std::fmt::Write;
-    use tracing::field::{Field, Visit};
-    struct Format(String);
-    impl Visit for Format {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            let _ = write!(self.0, " {}={:?}", field.name(), value);
-        }
-    }
-    struct Formatting(AtomicU64);
-    impl tracing::Subscriber for Formatting {
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            let mut line = Format(String::with_capacity(128));
-            span.record(&mut line);
-            std::hint::black_box(&line.0);
-            tracing::span::Id::from_u64(self.0.fetch_add(1, Ordering::Relaxed) + 1)
-        }
-        fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-            let mut line = Format(String::with_capacity(64));
-            values.record(&mut line);
-            std::hint::black_box(&line.0);
-        }
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, event: &tracing::Event<'_>) {
-            let mut line = Format(String::with_capacity(128));
-            event.record(&mut line);
-            std::hint::black_box(&line.0);
-        }
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
-    }
     static DISPATCH: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
     DISPATCH
-        .get_or_init(|| tracing::Dispatch::new(Formatting(AtomicU64::new(0))))
+        .get_or_init(|| tracing::Dispatch::new(formatting::Formatting::new(false)))
         .clone()
 }
 

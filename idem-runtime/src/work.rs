@@ -206,6 +206,27 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
     observed::<DB, P>(&labels, span, begun)
 }
 
+/// Runs a plan that has no body (its stages always end the call: the leased claim and
+/// completion) in a transaction of its own; its reply. A stage that asked for a body
+/// anyway would be idem's own bug: it is rolled back and reported, never guessed at.
+pub(crate) async fn stages_only<DB: Backend, P: Plan<DB, Value = Infallible>>(
+    pool: &Pool<DB>,
+    plan: &P,
+) -> Result<P::Reply, Error<Infallible>> {
+    match begin(pool, plan).await {
+        Begun::Done(done) => done,
+        Begun::Run(work) => {
+            drop(work);
+            let labels = plan.labels();
+            Err(Error::CorruptRecord {
+                group: labels.group.unwrap_or_default().to_owned(),
+                key: labels.key.unwrap_or_default().to_owned(),
+                problem: "a unit of work without a body asked for one".to_owned(),
+            })
+        }
+    }
+}
+
 /// The reply (or error) of a call that ended before its body, recorded in its span; the
 /// span, kept for the rest of one that goes on.
 fn observed<'c, DB: Backend, P: Plan<DB>>(

@@ -50,7 +50,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
 use crate::key::{KeyError, valid_text};
 use crate::stored::bounded;
-use crate::work::{Begun, Work, begin};
+use crate::work::{Begun, Work, begin, stages_only};
 use clock::millis;
 use counters::{Counter, Counters};
 use serde::Serialize;
@@ -320,10 +320,7 @@ impl Inbox {
             fingerprint: fingerprint(payload),
             codec: codec::<Result<T, Infallible>>(),
         };
-        match begin(pool, &plan).await {
-            Begun::Done(done) => done.map(|claim| claim.claimed),
-            Begun::Run(_) => Err(self.corrupt(key, "a claim asked for a body it does not have")),
-        }
+        stages_only(pool, &plan).await.map(|claim| claim.claimed)
     }
 
     /// Deletes this group's finished records (SUCCESS, FAILED) last touched more than
@@ -626,25 +623,12 @@ impl Lease {
             lease: &self,
             outcome,
         };
-        match begin(pool, &plan).await {
-            Begun::Done(Ok(_)) => {}
-            Begun::Done(Err(e)) => return Err(e.widen()),
-            Begun::Run(_) => return Err(self.corrupt_run()),
-        }
+        stages_only(pool, &plan).await.map_err(Error::widen)?;
         match (result, encoded) {
             (Ok(value), Ok(_)) => Ok(Delivery::Processed(value)),
             (Ok(_), Err(refused)) => Err(refused),
             (Err(e), _) => Err(Error::Handler(e)),
         }
-    }
-
-    /// A plan without a body let a call go on: idem's own bug, reported rather than
-    /// guessed at (the transaction was rolled back).
-    fn corrupt_run<E>(&self) -> Error<E> {
-        self.inbox.corrupt(
-            &self.key,
-            "a leased unit of work asked for a body it does not have",
-        )
     }
 
     fn lost<E>(&self) -> Error<E> {
