@@ -589,8 +589,9 @@ impl Lease {
 
     /// Records the work's outcome in a transaction of its own: SUCCESS with the result, or
     /// FAILED with the error (DEAD after the last attempt; the error is returned as
-    /// [`Error::Handler`] so the consumer nacks). [`Error::LeaseLost`] if another delivery
-    /// took the message over meanwhile.
+    /// [`Error::Handler`] so the consumer nacks). If another delivery took the message
+    /// over meanwhile, nothing is recorded: a result is refused with [`Error::LeaseLost`],
+    /// an error is returned as it is.
     pub async fn complete<DB: Backend, T: Serialize, E: fmt::Display>(
         self,
         pool: &Pool<DB>,
