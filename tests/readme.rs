@@ -42,6 +42,25 @@ fn readme_shows_the_generated_sql() {
     assert_eq!(sql.postgres.store_result, sql.sqlite.store_result);
 }
 
+#[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "tenant_orders", key = ("tenant_id", "order_id"), state = "status")]
+enum TenantOrder {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+#[test]
+fn readme_shows_the_composite_key_sql() {
+    let readme = include_str!("../README.md");
+    let update = TenantOrder::IDEM_SQL.sqlite.transition;
+    assert!(
+        readme.contains(&format!("```sql\n{update}\n```")),
+        "README.md does not show the composite-key UPDATE as generated:\n{update}"
+    );
+}
+
 #[test]
 fn readme_shows_the_inbox_schema() {
     let readme = include_str!("../README.md");

@@ -36,6 +36,35 @@ macro_rules! handler {
 handler!(pay_sqlite, sqlx::Sqlite);
 handler!(pay_postgres, sqlx::Postgres);
 
+/// A composite key: the same statements, with the key's columns first.
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "tenant_orders", key = ("tenant_id", "order_id"), state = "status")]
+enum TenantOrder {
+    #[state(to(Paid))]
+    Created,
+    Paid,
+}
+
+const TENANT_TABLE: &str = "CREATE TABLE tenant_orders (tenant_id TEXT NOT NULL, \
+    order_id BIGINT NOT NULL, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0, \
+    PRIMARY KEY (tenant_id, order_id))";
+
+macro_rules! tenant_handler {
+    ($name:ident, $db:ty) => {
+        #[idem::idempotent(machine = TenantOrder, key = ("tenant", "order_id"), from = "CREATED", to = "PAID")]
+        async fn $name(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            tenant: &str,
+            order_id: i64,
+        ) -> Result<i64, sqlx::Error> {
+            sqlx::query(BODY).bind(order_id).execute(&mut **tx).await?;
+            Ok(order_id)
+        }
+    };
+}
+tenant_handler!(pay_tenant_sqlite, sqlx::Sqlite);
+tenant_handler!(pay_tenant_postgres, sqlx::Postgres);
+
 #[tokio::test(flavor = "current_thread")]
 async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     tracing::subscriber::set_global_default(StatementLog).unwrap();
@@ -62,6 +91,44 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     assert_eq!(
         inside_transaction(&log),
         [sql.sqlite.transition, sql.sqlite.classify],
+        "full log: {log:#?}"
+    );
+
+    // A composite key: the same round trips.
+    let tenant_sql = TenantOrder::IDEM_SQL;
+    idem::create_results_table::<TenantOrder, _>(&pool)
+        .await
+        .unwrap();
+    sqlx::query(TENANT_TABLE).execute(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO tenant_orders (tenant_id, order_id, status) VALUES ('acme', 1, 'CREATED')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    take_log();
+    assert!(
+        pay_tenant_sqlite(&pool, "acme", 1)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert!(
+        !pay_tenant_sqlite(&pool, "acme", 1)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [
+            tenant_sql.sqlite.transition,
+            BODY,
+            tenant_sql.sqlite.store_result,
+            tenant_sql.sqlite.transition,
+            tenant_sql.sqlite.classify
+        ],
         "full log: {log:#?}"
     );
 
@@ -142,4 +209,45 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         );
     }
     eprintln!("switched after {duplicates} duplicates and back after {applied} applications");
+
+    // A composite key on PostgreSQL, in both forms.
+    let tenant_sql = TenantOrder::IDEM_SQL;
+    sqlx::query(TENANT_TABLE).execute(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO tenant_orders (tenant_id, order_id, status) \
+         VALUES ('acme', 1, 'CREATED'), ('acme', 2, 'CREATED')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (classification, order_id, attempt) in [
+        (
+            idem::Classification::Inline,
+            1,
+            tenant_sql.postgres.transition,
+        ),
+        (idem::Classification::OnMiss, 2, tenant_sql.postgres.update),
+    ] {
+        idem::set_postgres_classification(classification);
+        take_log();
+        assert!(
+            pay_tenant_postgres(&pool, "acme", order_id)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        assert!(
+            !pay_tenant_postgres(&pool, "acme", order_id)
+                .await
+                .unwrap()
+                .is_applied()
+        );
+        let log = take_log();
+        let mut expected = vec![attempt, BODY, tenant_sql.postgres.store_result, attempt];
+        if classification == idem::Classification::OnMiss {
+            expected.push(tenant_sql.postgres.classify);
+        }
+        assert_eq!(inside_transaction(&log), expected, "full log: {log:#?}");
+    }
+    idem::set_postgres_classification(idem::Classification::Adaptive);
 }

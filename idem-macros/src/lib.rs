@@ -7,6 +7,7 @@
 mod ctxt;
 mod handler;
 mod ident;
+mod keys;
 mod machine;
 mod sql;
 
@@ -37,7 +38,7 @@ use proc_macro::TokenStream;
 /// | argument | meaning | default |
 /// |---|---|---|
 /// | `table = "…"` | the table with one row per business key (`schema.table` allowed) | required |
-/// | `key = "…"` | its key column | required |
+/// | `key = "…"` | its key column; for a composite key, the columns in order: `key = ("tenant_id", "order_id")` | required |
 /// | `state = "…"` | the column holding the state name | `"state"` |
 /// | `version = "…"` | the integer column every transition increments | `"version"` |
 /// | `results = "…"` | the table keeping first results | `"idem_results"` |
@@ -85,7 +86,7 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// | argument | meaning |
 /// |---|---|
 /// | `machine = Path` | the `#[derive(StateMachine)]` enum |
-/// | `key = "param"` | the parameter holding the row's key (`i64`, `i32`, `String`, `&str`, …) |
+/// | `key = "param"` | the parameter holding the row's key (`i64`, `i32`, `String`, `&str`, …); for a machine with a composite key, one parameter per key column, in the machine's order: `key = ("tenant", "order_id")` |
 /// | `from = "STATE"` | the state the row must be in |
 /// | `to = "STATE"` | the state it moves to; `from → to` must be declared |
 /// | `version = "param"` | optional: a parameter (`i64` or `Option<i64>`) with the version the caller read; the transition then also requires `version = $n` |

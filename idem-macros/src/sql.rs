@@ -8,7 +8,8 @@ use crate::ident::quoted;
 /// The names a machine's statements are built from.
 pub struct Names<'a> {
     pub table: &'a str,
-    pub key: &'a str,
+    /// The key's columns, in order: one, or several for a composite key.
+    pub key: &'a [String],
     pub state: &'a str,
     pub version: &'a str,
     pub results: &'a str,
@@ -26,9 +27,12 @@ pub struct Statements {
     pub create_results_table: String,
 }
 
+/// The quoted names, and the parameter positions: the key's columns come first
+/// (`$1` … `$k`), then the states, the machine's id, the key as text and the expected
+/// version, each one position later per extra key column.
 struct Quoted {
     table: String,
-    key: String,
+    keys: Vec<String>,
     state: String,
     version: String,
     results: String,
@@ -38,56 +42,70 @@ impl Quoted {
     fn new(names: &Names<'_>) -> Self {
         Quoted {
             table: quoted(names.table),
-            key: quoted(names.key),
+            keys: names.key.iter().map(|k| quoted(k)).collect(),
             state: quoted(names.state),
             version: quoted(names.version),
             results: quoted(names.results),
         }
     }
 
-    /// `UPDATE … SET state = $3, version = version + 1 WHERE key = $1 AND state = $2 AND <guard>`
+    /// The position of the `n`th parameter after the key's columns (`from` is 1).
+    fn after_key(&self, n: usize) -> String {
+        format!("${}", self.keys.len() + n)
+    }
+
+    /// `key = $1` — or, for a composite key, `tenant = $1 AND order_id = $2` — with each
+    /// column behind `prefix`.
+    fn key_matches(&self, prefix: &str) -> String {
+        self.keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| format!("{prefix}{key} = ${}", i + 1))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// `UPDATE … SET state = <to>, version = version + 1 WHERE <key> AND state = <from> AND <guard>`
     fn update(&self, guard: &str) -> String {
         let Quoted {
             table,
-            key,
             state,
             version,
             ..
         } = self;
         format!(
             "UPDATE {table}\n\
-             SET {state} = $3, {version} = {version} + 1\n\
-             WHERE {key} = $1 AND {state} = $2 AND {guard}"
+             SET {state} = {to}, {version} = {version} + 1\n\
+             WHERE {key} AND {state} = {from} AND {guard}",
+            key = self.key_matches(""),
+            from = self.after_key(1),
+            to = self.after_key(2),
         )
     }
 
     /// The LEFT JOINs that read the row and its stored first result.
     fn current_row_and_result(&self) -> String {
-        let Quoted {
-            table,
-            key,
-            results,
-            ..
-        } = self;
+        let Quoted { table, results, .. } = self;
         format!(
-            "LEFT JOIN {table} AS cur ON cur.{key} = $1\n\
-             LEFT JOIN {results} AS res ON res.machine = $4 AND res.entity_key = $5\n\
-             \x20   AND res.from_state = CAST($2 AS TEXT) AND res.to_state = CAST($3 AS TEXT)"
+            "LEFT JOIN {table} AS cur ON {key}\n\
+             LEFT JOIN {results} AS res ON res.machine = {machine} AND res.entity_key = {text}\n\
+             \x20   AND res.from_state = CAST({from} AS TEXT) AND res.to_state = CAST({to} AS TEXT)",
+            key = self.key_matches("cur."),
+            from = self.after_key(1),
+            to = self.after_key(2),
+            machine = self.after_key(3),
+            text = self.after_key(4),
         )
     }
 
     fn observed_columns(&self) -> String {
-        let Quoted {
-            key,
-            state,
-            version,
-            ..
-        } = self;
+        let Quoted { state, version, .. } = self;
         format!(
             "CAST(CASE WHEN cur.{key} IS NULL THEN 0 ELSE 1 END AS BIGINT) AS found,\n\
              \x20      CAST(cur.{state} AS TEXT) AS current_state,\n\
              \x20      CAST(cur.{version} AS BIGINT) AS current_version,\n\
-             \x20      res.result AS first_result"
+             \x20      res.result AS first_result",
+            key = self.keys[0],
         )
     }
 
@@ -167,8 +185,8 @@ impl Quoted {
 pub fn postgres(names: &Names<'_>) -> Statements {
     let q = Quoted::new(names);
     let not_null = format!("{} IS NOT NULL", q.version);
-    let guarded = format!("{} = $6", q.version);
-    let update_guarded = format!("{} = $4", q.version);
+    let guarded = format!("{} = {}", q.version, q.after_key(5));
+    let update_guarded = format!("{} = {}", q.version, q.after_key(3));
     Statements {
         transition: q.postgres_transition(&not_null),
         transition_guarded: q.postgres_transition(&guarded),
@@ -185,7 +203,7 @@ pub fn postgres(names: &Names<'_>) -> Statements {
 pub fn sqlite(names: &Names<'_>) -> Statements {
     let q = Quoted::new(names);
     let not_null = format!("{} IS NOT NULL", q.version);
-    let guarded = format!("{} = $4", q.version);
+    let guarded = format!("{} = {}", q.version, q.after_key(3));
     Statements {
         transition: q.plain_update(&not_null),
         transition_guarded: q.plain_update(&guarded),
@@ -201,41 +219,44 @@ pub fn sqlite(names: &Names<'_>) -> Statements {
 mod tests {
     use super::*;
 
-    const ORDERS: Names<'static> = Names {
-        table: "orders",
-        key: "order_id",
-        state: "status",
-        version: "version",
-        results: "idem_results",
-    };
+    fn statements(keys: &[&str], backend: fn(&Names<'_>) -> Statements) -> Statements {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        backend(&Names {
+            table: "orders",
+            key: &keys,
+            state: "status",
+            version: "version",
+            results: "idem_results",
+        })
+    }
+
+    fn pg() -> Statements {
+        statements(&["order_id"], postgres)
+    }
+
+    fn lite() -> Statements {
+        statements(&["order_id"], sqlite)
+    }
 
     #[test]
     fn sqlite_transition_is_one_conditional_update() {
         assert_eq!(
-            sqlite(&ORDERS).transition,
+            lite().transition,
             "UPDATE \"orders\"\n\
              SET \"status\" = $3, \"version\" = \"version\" + 1\n\
              WHERE \"order_id\" = $1 AND \"status\" = $2 AND \"version\" IS NOT NULL"
         );
-        assert!(
-            sqlite(&ORDERS)
-                .transition_guarded
-                .ends_with("AND \"version\" = $4")
-        );
+        assert!(lite().transition_guarded.ends_with("AND \"version\" = $4"));
     }
 
     #[test]
     fn postgres_transition_classifies_in_the_same_statement() {
-        let sql = postgres(&ORDERS).transition;
+        let sql = pg().transition;
         assert!(sql.starts_with("WITH upd AS (\nUPDATE \"orders\"\n"));
         // The classifying read runs only when the UPDATE matched nothing.
         assert!(sql.contains("LEFT JOIN \"orders\" AS cur ON cur.\"order_id\" = $1"));
         assert!(sql.ends_with("WHERE NOT EXISTS (SELECT FROM upd)"));
-        assert!(
-            postgres(&ORDERS)
-                .transition_guarded
-                .contains("\"version\" = $6")
-        );
+        assert!(pg().transition_guarded.contains("\"version\" = $6"));
         // every parameter of the unguarded statement is used, or PostgreSQL cannot type it
         for n in 1..=5 {
             assert!(sql.contains(&format!("${n}")), "missing ${n}");
@@ -244,8 +265,39 @@ mod tests {
     }
 
     #[test]
+    fn a_composite_key_matches_every_column_and_shifts_the_rest() {
+        let keys = ["tenant_id", "order_id"];
+        let lite = statements(&keys, sqlite);
+        assert_eq!(
+            lite.transition,
+            "UPDATE \"orders\"\n\
+             SET \"status\" = $4, \"version\" = \"version\" + 1\n\
+             WHERE \"tenant_id\" = $1 AND \"order_id\" = $2 AND \"status\" = $3 AND \"version\" IS NOT NULL"
+        );
+        assert!(lite.update_guarded.ends_with("AND \"version\" = $5"));
+        assert!(lite.classify.contains(
+            "LEFT JOIN \"orders\" AS cur ON cur.\"tenant_id\" = $1 AND cur.\"order_id\" = $2\n"
+        ));
+        assert!(
+            lite.classify
+                .contains("res.machine = $5 AND res.entity_key = $6")
+        );
+        assert!(
+            lite.classify
+                .contains("CAST($3 AS TEXT) AND res.to_state = CAST($4 AS TEXT)")
+        );
+        let pg = statements(&keys, postgres);
+        for n in 1..=6 {
+            assert!(pg.transition.contains(&format!("${n}")), "missing ${n}");
+        }
+        assert!(!pg.transition.contains("$7"));
+        assert!(pg.transition_guarded.contains("\"version\" = $7"));
+        assert!(pg.update_guarded.ends_with("\"version\" = $5"));
+    }
+
+    #[test]
     fn values_are_never_spliced() {
-        for s in [postgres(&ORDERS), sqlite(&ORDERS)] {
+        for s in [pg(), lite(), statements(&["a", "b"], postgres)] {
             for text in [
                 &s.transition,
                 &s.transition_guarded,

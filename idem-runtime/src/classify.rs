@@ -95,7 +95,7 @@ mod tests {
         name: "Order",
         id: "orders",
         table: "orders",
-        key_column: "id",
+        key_columns: &["id"],
         state_column: "state",
         version_column: "version",
         results_table: "idem_results",

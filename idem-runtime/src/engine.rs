@@ -112,10 +112,16 @@ impl<M> TransitionStage<M> {
     }
 
     pub(crate) fn check(&self) -> Result<(), Error<Infallible>> {
-        self.key
+        let key = self
+            .key
             .as_ref()
-            .map(drop)
-            .map_err(|e| Error::InvalidKey(e.clone()))
+            .map_err(|e| Error::InvalidKey(e.clone()))?;
+        let columns = self.transition.definition.key_columns.len();
+        let parts = key.parts().len();
+        if parts != columns {
+            return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
+        }
+        Ok(())
     }
 
     /// The machine, the transition and the key, for the call's span and counters.
@@ -299,14 +305,24 @@ struct Call<'a> {
     expected_version: Option<i64>,
 }
 
-impl Call<'_> {
-    fn key_param(&self) -> Param<'_> {
-        match self.key {
-            Key::Int(n) => Param::Int(*n),
-            Key::Text(s) => Param::Text(s),
-            #[cfg(feature = "uuid")]
-            Key::Uuid(id) => Param::Uuid(*id),
-        }
+impl<'a> Call<'a> {
+    /// The statement's parameters: the key's columns, then `rest`.
+    fn params(&self, rest: &[Param<'a>]) -> Vec<Param<'a>> {
+        let mut params = Vec::with_capacity(self.key.parts().len() + rest.len());
+        params.extend(self.key.parts().iter().map(key_param));
+        params.extend_from_slice(rest);
+        params
+    }
+}
+
+fn key_param(part: &Key) -> Param<'_> {
+    match part {
+        Key::Int(n) => Param::Int(*n),
+        Key::Text(s) => Param::Text(s),
+        #[cfg(feature = "uuid")]
+        Key::Uuid(id) => Param::Uuid(*id),
+        // `Key::parts` yields scalar keys only
+        Key::Composite(_) => unreachable!("a composite key's parts are scalar"),
     }
 }
 
@@ -319,20 +335,16 @@ async fn attempt<DB: Backend>(
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = call.dialect.statements(t.definition);
-    let (key, from, to) = (
-        call.key_param(),
-        Param::State(t.from_name()),
-        Param::State(t.to_name()),
-    );
+    let (from, to) = (Param::State(t.from_name()), Param::State(t.to_name()));
     let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
     if inline && call.dialect == Dialect::Postgres {
         let columns = match call.expected_version {
             None => {
-                let params = [key, from, to, machine, key_text];
+                let params = call.params(&[from, to, machine, key_text]);
                 DB::fetch(conn, sql.transition, &params).await?
             }
             Some(v) => {
-                let params = [key, from, to, machine, key_text, Param::Int(v)];
+                let params = call.params(&[from, to, machine, key_text, Param::Int(v)]);
                 DB::fetch(conn, sql.transition_guarded, &params).await?
             }
         };
@@ -343,16 +355,16 @@ async fn attempt<DB: Backend>(
             .then(|| observed(record)));
     }
     let updated = match call.expected_version {
-        None => DB::execute(conn, sql.update, &[key, from, to]).await?,
+        None => DB::execute(conn, sql.update, &call.params(&[from, to])).await?,
         Some(v) => {
-            let params = [key, from, to, Param::Int(v)];
+            let params = call.params(&[from, to, Param::Int(v)]);
             DB::execute(conn, sql.update_guarded, &params).await?
         }
     };
     if updated > 0 {
         return Ok(None);
     }
-    let params = [key, from, to, machine, key_text];
+    let params = call.params(&[from, to, machine, key_text]);
     let columns = DB::fetch(conn, sql.classify, &params).await?;
     Ok(Some(observed(columns.unwrap_or_default())))
 }

@@ -16,12 +16,55 @@ pub enum Key {
     /// table, is the hyphenated lowercase form.
     #[cfg(feature = "uuid")]
     Uuid(uuid::Uuid),
+    /// A key of several columns (`key = ("tenant_id", "order_id")`), made by
+    /// [`Key::composite`]: its parts are bound column by column, in the machine's order.
+    /// Its text, in the results table, is a JSON array of the parts (`["acme",7]`).
+    Composite(CompositeKey),
+}
+
+/// The parts of a [`Key::Composite`]: two or more scalar keys (integer, text or UUID), each
+/// validated as a key of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompositeKey(Vec<Key>);
+
+impl CompositeKey {
+    /// The parts, in the order of the machine's key columns.
+    pub fn parts(&self) -> &[Key] {
+        &self.0
+    }
 }
 
 impl Key {
     /// A text key: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
     pub fn text(key: impl Into<String>) -> Result<Key, KeyError> {
         valid_text(key.into()).map(Key::Text)
+    }
+
+    /// A key of several columns, from its parts in the order of the machine's key columns
+    /// (`Key::composite([Key::text("acme")?, Key::Int(7)])`). Each part is validated as a
+    /// key of its own; a part that is itself composite contributes its parts. One part is
+    /// that part; none is [`KeyError::Empty`].
+    pub fn composite(parts: impl IntoIterator<Item = Key>) -> Result<Key, KeyError> {
+        let mut flat = Vec::new();
+        for part in parts {
+            match part {
+                Key::Composite(inner) => flat.extend(inner.0),
+                scalar => flat.push(scalar.to_key()?),
+            }
+        }
+        match flat.len() {
+            0 => Err(KeyError::Empty),
+            1 => Ok(flat.remove(0)),
+            _ => Ok(Key::Composite(CompositeKey(flat))),
+        }
+    }
+
+    /// The scalar parts of the key, in column order: one for a key of one column.
+    pub fn parts(&self) -> &[Key] {
+        match self {
+            Key::Composite(parts) => parts.parts(),
+            scalar => core::slice::from_ref(scalar),
+        }
     }
 
     /// The key as text, as stored in the results table.
@@ -31,6 +74,13 @@ impl Key {
             Key::Text(s) => s.clone(),
             #[cfg(feature = "uuid")]
             Key::Uuid(id) => id.hyphenated().to_string(),
+            Key::Composite(parts) => {
+                let parts = parts.parts().iter().map(|part| match part {
+                    Key::Int(n) => serde_json::Value::from(*n),
+                    other => serde_json::Value::from(other.to_text()),
+                });
+                serde_json::Value::Array(parts.collect()).to_string()
+            }
         }
     }
 }
@@ -42,6 +92,16 @@ impl core::fmt::Display for Key {
             Key::Text(s) => write!(f, "{s:?}"),
             #[cfg(feature = "uuid")]
             Key::Uuid(id) => write!(f, "{}", id.hyphenated()),
+            Key::Composite(parts) => {
+                f.write_str("(")?;
+                for (i, part) in parts.parts().iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                f.write_str(")")
+            }
         }
     }
 }
@@ -82,6 +142,13 @@ pub enum KeyError {
         /// The key, in decimal.
         value: String,
     },
+    /// The key has a different number of parts than the machine has key columns.
+    WrongArity {
+        /// The machine's key columns.
+        columns: usize,
+        /// The key's parts.
+        parts: usize,
+    },
 }
 
 impl core::fmt::Display for KeyError {
@@ -99,6 +166,12 @@ impl core::fmt::Display for KeyError {
                 f,
                 "the integer key {value} does not fit a signed 64-bit column (at most {})",
                 i64::MAX
+            ),
+            KeyError::WrongArity { columns, parts } => write!(
+                f,
+                "the machine is keyed by {columns} column{}, and the key has {parts} part{}: give one part per key column, in order",
+                if *columns == 1 { "" } else { "s" },
+                if *parts == 1 { "" } else { "s" }
             ),
         }
     }
@@ -157,9 +230,34 @@ impl ToKey for Key {
     fn to_key(&self) -> Result<Key, KeyError> {
         match self {
             Key::Text(s) => Key::text(s.as_str()),
+            Key::Composite(parts) => Key::composite(parts.parts().iter().cloned()),
             other => Ok(other.clone()),
         }
     }
+}
+
+macro_rules! tuple_keys {
+    ($(($($t:ident $v:ident),+)),*) => {$(
+        /// A composite key, one part per element, in the order of the machine's key columns.
+        // Not listed among the key types when a parameter's type is no key: a tuple is
+        // rarely what a handler's single parameter should be.
+        #[diagnostic::do_not_recommend]
+        impl<$($t: ToKey),+> ToKey for ($($t,)+) {
+            fn to_key(&self) -> Result<Key, KeyError> {
+                let ($($v,)+) = self;
+                Key::composite([$($v.to_key()?),+])
+            }
+        }
+    )*};
+}
+tuple_keys!((A a, B b), (A a, B b, C c), (A a, B b, C c, D d));
+
+/// The key of a handler whose `key = ("…", "…")` names several parameters (generated code
+/// only).
+#[doc(hidden)]
+pub fn composite_key<const N: usize>(parts: [Result<Key, KeyError>; N]) -> Result<Key, KeyError> {
+    let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Key::composite(parts)
 }
 
 #[cfg(feature = "uuid")]
@@ -237,6 +335,37 @@ mod tests {
         );
         assert_eq!(42usize.to_key(), Ok(Key::Int(42)));
         assert!(i128::MIN.to_key().is_err());
+    }
+
+    #[test]
+    fn composite_keys_are_validated_part_by_part() {
+        let key = ("acme", 7i32).to_key().unwrap();
+        assert_eq!(key.parts(), &[Key::Text("acme".into()), Key::Int(7)]);
+        assert_eq!(key.to_text(), r#"["acme",7]"#);
+        assert_eq!(key.to_string(), r#"("acme", 7)"#);
+        assert_eq!(("", 7).to_key(), Err(KeyError::Empty));
+        assert_eq!(
+            ("a\nb", 7).to_key(),
+            Err(KeyError::ControlCharacter { position: 1 })
+        );
+        assert_eq!(Key::composite([]), Err(KeyError::Empty));
+        assert_eq!(Key::composite([Key::Int(7)]), Ok(Key::Int(7)));
+        // nested parts are flattened, so a key's parts are always scalar
+        let nested = Key::composite([key.clone(), Key::Int(1)]).unwrap();
+        assert_eq!(nested.parts().len(), 3);
+        assert!(Key::Int(7).parts() == [Key::Int(7)]);
+    }
+
+    #[test]
+    fn composite_key_text_cannot_be_confused() {
+        // a separator inside a part cannot make two different keys look alike
+        let a = ("a\",b", "c").to_key().unwrap().to_text();
+        let b = ("a", "b\",\"c").to_key().unwrap().to_text();
+        assert_ne!(a, b);
+        assert_ne!(
+            ("1", 2).to_key().unwrap().to_text(),
+            (1, 2).to_key().unwrap().to_text()
+        );
     }
 
     #[test]

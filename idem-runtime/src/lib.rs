@@ -37,7 +37,7 @@ pub use error::{Error, RowProblem};
 pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
 pub use glue::Storable;
 pub use inbox::migrate;
-pub use key::{Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
+pub use key::{CompositeKey, Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion};
 pub use machine::{Definition, Machine};
 pub use observe::{Labels, set_trace_keys};
 pub use outcome::{Outcome, OutcomeKind, Refusal};
@@ -67,7 +67,8 @@ pub mod __private {
     pub fn body<R, F: core::future::Future<Output = R>>(body: F) -> F {
         body
     }
-    pub use crate::transition::{resolve, state_error, transition_error};
+    pub use crate::key::composite_key;
+    pub use crate::transition::{key_error, resolve, state_error, transition_error};
     pub use core::option::Option::{None, Some};
     pub use core::panic;
     pub use core::result::Result;

@@ -50,8 +50,9 @@ pub struct Definition {
     pub id: &'static str,
     /// The table holding one row per business key.
     pub table: &'static str,
-    /// The column holding the business key.
-    pub key_column: &'static str,
+    /// The columns holding the business key, in order: one, or several for a composite
+    /// key (`key = ("tenant_id", "order_id")`).
+    pub key_columns: &'static [&'static str],
     /// The column holding the state name.
     pub state_column: &'static str,
     /// The integer column incremented by every transition.

@@ -25,6 +25,11 @@ pub struct MachineSql {
 /// | `transition_guarded`, SQLite; `update_guarded` | key | from | to | expected version | — | — |
 /// | `classify` | key | from | to | machine name | key as text | — |
 /// | `store_result` | machine name | key as text | from | to | result (JSON) | — |
+///
+/// With a composite key of `k` columns (`key = ("tenant_id", "order_id")`), "key" is
+/// `$1` … `$k`, the key's columns in declaration order, and every later position of the
+/// transition and classifying statements moves up by `k − 1` (`from` is `$k+1`). The key as
+/// text is the JSON array of the parts; `store_result` is unchanged.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
     /// Attempts the transition. On PostgreSQL it also returns the current row and the

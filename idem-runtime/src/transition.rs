@@ -150,6 +150,52 @@ pub const fn transition_error(
     })
 }
 
+/// The compile error for a handler whose `key` names a different number of parameters
+/// than the machine has key columns.
+pub const fn key_error(definition: &Definition, params: &[&str]) -> Option<TransitionError> {
+    let columns = definition.key_columns;
+    // No columns: the derive failed and reported why at the enum.
+    if columns.is_empty() || columns.len() == params.len() {
+        return None;
+    }
+    let mut msg = TransitionError::new()
+        .push("state machine `")
+        .push(definition.name)
+        .push(if columns.len() == 1 {
+            "` is keyed by the column "
+        } else {
+            "` is keyed by the columns "
+        });
+    msg = list(msg, columns, "`", "`");
+    msg = msg.push(", and `key` names ");
+    msg = list(msg, params, "`", "`");
+    msg = msg.push(": name one parameter per key column, in that order: `key = ");
+    if columns.len() == 1 {
+        msg = list(msg, columns, "\"", "\"");
+    } else {
+        msg = list(msg.push("("), columns, "\"", "\"").push(")");
+    }
+    Some(msg.push("`"))
+}
+
+/// `names`, each between `open` and `close`, separated by commas.
+const fn list(
+    mut msg: TransitionError,
+    names: &[&str],
+    open: &str,
+    close: &str,
+) -> TransitionError {
+    let mut i = 0;
+    while i < names.len() {
+        if i > 0 {
+            msg = msg.push(", ");
+        }
+        msg = msg.push(open).push(names[i]).push(close);
+        i += 1;
+    }
+    msg
+}
+
 const fn index_or_zero(definition: &Definition, name: &str) -> usize {
     match find(definition.states, name) {
         Some(i) => i,

@@ -7,6 +7,7 @@
 
 use super::signature::Handler;
 use crate::ctxt::Ctxt;
+use crate::keys::KeyNames;
 use proc_macro2::{Span, TokenStream};
 use syn::{LitStr, Path};
 
@@ -19,7 +20,8 @@ pub struct Args {
 
 pub struct TransitionArgs {
     pub machine: Path,
-    pub key: LitStr,
+    /// The parameters holding the row's key: one per key column of the machine.
+    pub key: KeyNames,
     pub from: LitStr,
     pub to: LitStr,
     pub version: Option<LitStr>,
@@ -57,8 +59,16 @@ impl Args {
                 }
                 return Ok(());
             }
+            if name == "key" {
+                let value = KeyNames::parse("the parameters holding the row's key", meta.value()?)?;
+                if key.is_some() {
+                    cx.error_spanned_by(&meta.path, "`key` is given twice");
+                } else {
+                    key = Some(value);
+                }
+                return Ok(());
+            }
             let slot = match name.as_str() {
-                "key" => &mut key,
                 "from" => &mut from,
                 "to" => &mut to,
                 "version" => &mut version,
@@ -198,7 +208,7 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
     };
     let mut named: Vec<(&str, &LitStr)> = Vec::new();
     if let Some(t) = &args.transition {
-        named.push(("key", &t.key));
+        named.extend(t.key.names.iter().map(|k| ("key", k)));
         named.extend(t.version.as_ref().map(|v| ("version", v)));
     }
     if let Some(i) = &args.inbox {
@@ -237,13 +247,18 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
             .iter()
             .find(|(_, other)| other.value() == lit.value())
         {
-            cx.error_spanned_by(
-                lit,
+            let message = if *first == "key" && *what == "key" {
+                format!(
+                    "`key` names the parameter `{}` twice: a composite key names one parameter per key column",
+                    lit.value()
+                )
+            } else {
                 format!(
                     "`{first}` and `{what}` both name the parameter `{}`: they must be different parameters",
                     lit.value()
-                ),
-            );
+                )
+            };
+            cx.error_spanned_by(lit, message);
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::ctxt::Ctxt;
 use crate::ident::screaming_snake;
+use crate::keys::KeyNames;
 use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
@@ -12,7 +13,7 @@ pub const STATE_KEYS: &str = "name, to";
 pub struct Machine {
     pub ident: Ident,
     pub table: Option<LitStr>,
-    pub key: Option<LitStr>,
+    pub key: Option<KeyNames>,
     pub state: Option<LitStr>,
     pub version: Option<LitStr>,
     pub results: Option<LitStr>,
@@ -62,9 +63,17 @@ impl Machine {
         for attr in input.attrs.iter().filter(|a| a.path().is_ident("machine")) {
             seen_machine_attr = true;
             let result = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("key") {
+                    let value = KeyNames::parse("the key's columns", meta.value()?)?;
+                    if machine.key.is_some() {
+                        cx.error_spanned_by(&meta.path, "`key` is given twice");
+                    } else {
+                        machine.key = Some(value);
+                    }
+                    return Ok(());
+                }
                 let slot = match meta.path.get_ident().map(Ident::to_string).as_deref() {
                     Some("table") => &mut machine.table,
-                    Some("key") => &mut machine.key,
                     Some("state") => &mut machine.state,
                     Some("version") => &mut machine.version,
                     Some("results") => &mut machine.results,

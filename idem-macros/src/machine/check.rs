@@ -11,7 +11,8 @@ use syn::{Ident, LitStr};
 pub struct Checked {
     pub ident: Ident,
     pub table: String,
-    pub key: String,
+    /// The key's columns, in order (several for a composite key).
+    pub key: Vec<String>,
     pub state: String,
     pub version: String,
     pub results: String,
@@ -45,13 +46,7 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
         "table",
         table_name_problem,
     );
-    let key = required(
-        cx,
-        &machine,
-        machine.key.as_ref(),
-        "key",
-        sql_identifier_problem,
-    );
+    let (key, key_literals) = key_columns(cx, &machine);
     let state = optional(cx, machine.state.as_ref(), "state", "state");
     let version = optional(cx, machine.version.as_ref(), "version", "version");
     let results = match &machine.results {
@@ -62,7 +57,7 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
         Some(lit) => machine_id(cx, lit),
         None => table.clone(),
     };
-    distinct_columns(cx, &machine, [&key, &state, &version]);
+    distinct_columns(cx, &machine, &key_literals, [&state, &version]);
 
     if machine.states.len() > u16::MAX as usize {
         cx.error_spanned_by(
@@ -251,13 +246,86 @@ fn named(
     }
 }
 
-fn distinct_columns(cx: &mut Ctxt, machine: &Machine, columns: [&Option<String>; 3]) {
-    let [key, state, version] = columns;
-    let pairs = [
-        ("key", key, "state", state, &machine.state),
-        ("key", key, "version", version, &machine.version),
-        ("state", state, "version", version, &machine.version),
-    ];
+/// The key's columns: each a plain identifier, none named twice. `None` after an error;
+/// the columns that are valid either way, with the literal naming each, for the checks
+/// that compare them with the other columns.
+fn key_columns<'a>(
+    cx: &mut Ctxt,
+    machine: &'a Machine,
+) -> (Option<Vec<String>>, Vec<(String, &'a LitStr)>) {
+    let Some(key) = &machine.key else {
+        // Without `#[machine(...)]` at all, that is the one error already reported.
+        if machine.has_machine_attr {
+            cx.error_spanned_by(
+                &machine.ident,
+                format!(
+                    "missing `key = \"…\"` in `#[machine(...)]` on `{}`",
+                    machine.ident
+                ),
+            );
+        }
+        return (None, Vec::new());
+    };
+    let mut columns: Vec<(String, &LitStr)> = Vec::new();
+    let mut ok = true;
+    for lit in &key.names {
+        match named(cx, lit, "key", sql_identifier_problem) {
+            Some(column) if columns.iter().any(|(c, _)| *c == column) => {
+                cx.error_spanned_by(
+                    lit,
+                    format!("the key column `{column}` is listed twice; a composite key names each column once"),
+                );
+                ok = false;
+            }
+            Some(column) => columns.push((column, lit)),
+            None => ok = false,
+        }
+    }
+    let checked = ok.then(|| columns.iter().map(|(c, _)| c.clone()).collect());
+    (checked, columns)
+}
+
+/// Two columns that must differ: names, values, and the argument to blame.
+type Pair<'a> = (
+    &'a str,
+    Option<&'a String>,
+    &'a str,
+    Option<&'a String>,
+    Option<&'a LitStr>,
+);
+
+/// The key's columns, the state column and the version column are different columns.
+/// The error is on the argument that names the column a second time (a key column when
+/// the other is a default).
+fn distinct_columns(
+    cx: &mut Ctxt,
+    machine: &Machine,
+    keys: &[(String, &LitStr)],
+    [state, version]: [&Option<String>; 2],
+) {
+    let mut pairs: Vec<Pair<'_>> = vec![(
+        "state",
+        state.as_ref(),
+        "version",
+        version.as_ref(),
+        machine.version.as_ref().or(machine.state.as_ref()),
+    )];
+    for (column, lit) in keys {
+        pairs.push((
+            "key",
+            Some(column),
+            "state",
+            state.as_ref(),
+            machine.state.as_ref().or(Some(lit)),
+        ));
+        pairs.push((
+            "key",
+            Some(column),
+            "version",
+            version.as_ref(),
+            machine.version.as_ref().or(Some(lit)),
+        ));
+    }
     for (a, va, b, vb, blame) in pairs {
         if let (Some(x), Some(y)) = (va, vb)
             && x == y
