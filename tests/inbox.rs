@@ -324,6 +324,45 @@ macro_rules! inbox_tests {
             }
 
             #[tokio::test]
+            async fn an_extended_lease_is_not_taken_over_and_a_lost_one_is_not_extended() {
+                let Some(pool) = setup().await else { return };
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = Inbox::new("mailer").unwrap().clock(clock.clone()).lease(Duration::from_secs(30));
+                let k = key("welcome:10");
+                let Claimed::Work(mut first) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("first claim")
+                };
+                let claimed_until = first.until_millis();
+                clock.advance(Duration::from_secs(20));
+                assert!(first.extend(&pool, Duration::from_secs(60)).await.unwrap());
+                assert_eq!(first.until_millis(), claimed_until - 30_000 + 20_000 + 60_000);
+                // Past the first lease, within the extended one: still the first worker's.
+                clock.advance(Duration::from_secs(20));
+                match inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() {
+                    Claimed::Done(Delivery::InProgress { lease_until_millis }) => {
+                        assert_eq!(lease_until_millis, Some(first.until_millis()));
+                    }
+                    other => panic!("expected the extended lease to hold, got {other:?}"),
+                }
+                // Past the extended lease: taken over, and the first can no longer extend.
+                clock.advance(Duration::from_secs(61));
+                let Claimed::Work(second) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("takeover")
+                };
+                let lost_until = first.until_millis();
+                assert!(!first.extend(&pool, Duration::from_secs(60)).await.unwrap());
+                assert_eq!(first.until_millis(), lost_until, "a lost lease keeps its old end");
+                assert!(matches!(
+                    first.complete(&pool, Ok::<_, String>("late".to_owned())).await,
+                    Err(Error::LeaseLost { .. })
+                ));
+                assert_eq!(
+                    second.complete(&pool, Ok::<_, String>("sent by 2".to_owned())).await.unwrap(),
+                    Delivery::Processed("sent by 2".to_owned())
+                );
+            }
+
+            #[tokio::test]
             async fn failures_are_retried_then_parked_as_dead() {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("mailer").unwrap().max_attempts(3);

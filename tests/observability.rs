@@ -319,10 +319,16 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
             panic!("an expired lease is taken over");
         };
         assert_eq!(inbox.stuck(&pool).await.unwrap().count, 2);
+        let mut lease = lease;
+        assert!(lease.extend(&pool, Duration::from_secs(60)).await.unwrap());
         let done = lease.complete(&pool, Ok::<_, String>(7)).await.unwrap();
         assert_eq!(done, Delivery::Processed(7));
+        // A day later, the finished record is purged in one batch.
+        clock.advance(Duration::from_secs(2 * 86_400));
+        let purged = inbox.purge(&pool, Duration::from_secs(86_400), 100).await;
+        assert_eq!(purged.unwrap(), 1);
     });
-    // The leased mode's units of work have their spans too.
+    // The leased mode's units of work, and retention's, have their spans too.
     let outcomes: Vec<String> = capture
         .idem_spans()
         .iter()
@@ -330,10 +336,22 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
         .collect();
     assert_eq!(
         outcomes,
-        ["claimed", "claimed", "claimed", "claimed", "processed"]
+        [
+            "claimed",
+            "claimed",
+            "claimed",
+            "claimed",
+            "extended",
+            "processed",
+            "purged"
+        ]
     );
     assert_eq!(
         counters.get("idem_inbox_events_total{consumer_group=payouts,event=lease_takeover}"),
+        1
+    );
+    assert_eq!(
+        counters.get("idem_inbox_events_total{consumer_group=payouts,event=purged}"),
         1
     );
 }

@@ -16,9 +16,9 @@
 //! A [`Plan`] is the list of stages of one kind of call and the shape of its reply; the
 //! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`] says,
 //! runs the body and calls [`Work::finish`], the same two calls for every combination.
-//! The leased inbox's claim and completion are plans too, whose stage always ends the call
-//! (they have no body in the database), so they share the begin, the conflict retry, the
-//! span and the once-only counting.
+//! The leased inbox's claim, completion and lease extension, and each batch of a purge, are
+//! plans too, whose stage always ends the call (they have no body in the database), so they
+//! share the begin, the conflict retry, the span and the once-only counting.
 
 use crate::backend::{
     Backend, Database, WriterGuard, begin_write, begin_write_within, holding, is_conflict,
@@ -206,9 +206,10 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
     observed::<DB, P>(&labels, span, begun)
 }
 
-/// Runs a plan that has no body (its stages always end the call: the leased claim and
-/// completion) in a transaction of its own; its reply. A stage that asked for a body
-/// anyway would be idem's own bug: it is rolled back and reported, never guessed at.
+/// Runs a plan that has no body (its stages always end the call: the leased claim,
+/// completion and extension, a purge batch) in a transaction of its own; its reply. A
+/// stage that asked for a body anyway would be idem's own bug: it is rolled back and
+/// reported, never guessed at.
 pub(crate) async fn stages_only<DB: Backend, P: Plan<DB, Value = Infallible>>(
     pool: &Pool<DB>,
     plan: &P,

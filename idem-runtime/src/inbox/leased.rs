@@ -1,7 +1,7 @@
-//! The leased mode's two short units of work: the claim (a PROCESSING record with a lease)
-//! and the completion (SUCCESS with the result, or FAILED with the error). Neither has a
-//! body in the database: each ends in its stage, committing what it wrote, so both get the
-//! unit of work's conflict retry, span and once-only counting.
+//! The leased mode's short units of work: the claim (a PROCESSING record with a lease), the
+//! extension of a lease, and the completion (SUCCESS with the result, or FAILED with the
+//! error). None has a body in the database: each ends in its stage, committing what it
+//! wrote, so all get the unit of work's conflict retry, span and once-only counting.
 
 use super::counters::Counter;
 use super::record::{self, Found};
@@ -275,6 +275,69 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
             }
             Recorded::Failed => {}
             Recorded::Buried => counters.add(Counter::Dead, 1),
+        }
+    }
+}
+
+/// The extension of a lease: `until` moved to `by` from now, if the lease is still held.
+pub(crate) struct ExtendPlan<'a> {
+    pub(crate) lease: &'a Lease,
+    pub(crate) by: Duration,
+}
+
+/// The lease's new end, or `None` when it was lost (taken over).
+pub(crate) type Extended = Option<i64>;
+
+impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
+    // No body: an extension ends in its stage.
+    type Value = Infallible;
+    type Reply = Extended;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    // No lock timeout: only the lease's holder writes its record, so the wait is short,
+    // and giving up would lose the lease.
+
+    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Extended>, Error<Infallible>> {
+        let lease = self.lease;
+        let now = lease.inbox.clock.now_millis();
+        let until = now.saturating_add(millis(self.by));
+        let params = [
+            Param::Text(&lease.inbox.group),
+            Param::Text(lease.key.as_str()),
+            Param::Int(until),
+            Param::Int(now),
+            Param::Int(lease.attempt),
+        ];
+        let extended = DB::execute(tx, sql::EXTEND, &params).await? == 1;
+        Ok(Entered::Done {
+            reply: extended.then_some(until),
+            commit: extended,
+        })
+    }
+
+    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
+        match *value {}
+    }
+
+    fn applied(&self, value: Infallible) -> Extended {
+        match value {}
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.lease.inbox.group),
+            key: Some(self.lease.key.as_str()),
+            ..Labels::default()
+        }
+    }
+
+    fn outcome_name(reply: &Extended) -> &'static str {
+        match reply {
+            Some(_) => "extended",
+            None => "lease_lost",
         }
     }
 }

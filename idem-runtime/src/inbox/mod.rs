@@ -35,6 +35,7 @@ mod counters;
 mod key;
 mod leased;
 mod record;
+mod retention;
 mod sql;
 mod stage;
 
@@ -44,7 +45,7 @@ pub use key::{AsMessageKey, MessageKey};
 pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::{Backend, Dialect, Param, WriterGuard, begin_write, begin_write_within};
+use crate::backend::{Backend, Dialect, Param, begin_write};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
@@ -52,7 +53,7 @@ use crate::key::{KeyError, valid_text};
 use crate::stored::bounded;
 use crate::work::{Begun, Work, begin, stages_only};
 use clock::millis;
-use counters::{Counter, Counters};
+use counters::Counters;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -331,29 +332,23 @@ impl Inbox {
         pool: &Pool<DB>,
         retention: Duration,
         batch: u32,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<u64, Error<Infallible>> {
         let cutoff = self.clock.now_millis().saturating_sub(millis(retention));
         let batch = i64::from(batch.max(1));
         let mut total = 0;
         loop {
-            let Some((mut tx, writer)) = self.begin(pool).await? else {
+            let plan = retention::PurgePlan {
+                inbox: self,
+                cutoff,
+                batch,
+            };
+            let Some(deleted) = stages_only(pool, &plan).await? else {
+                // The writer's turn did not come within the lock timeout: live deliveries
+                // go first.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
-            let statement = match DB::dialect(&tx) {
-                Dialect::Postgres => sql::PURGE_POSTGRES,
-                Dialect::Sqlite => sql::PURGE_SQLITE,
-            };
-            let params = [
-                Param::Text(&self.group),
-                Param::Int(cutoff),
-                Param::Int(batch),
-            ];
-            let deleted = DB::execute(&mut tx, statement, &params).await?;
-            tx.commit().await?;
-            drop(writer);
             total += deleted;
-            self.counters.add(Counter::Purged, deleted);
             if deleted < batch as u64 {
                 return Ok(total);
             }
@@ -400,22 +395,6 @@ impl Inbox {
                 let _ = inbox.purge(&pool, retention, batch).await;
             }
         }))
-    }
-
-    /// Opens a write transaction; `None` if the lock timeout ran out waiting for the
-    /// SQLite writer queue.
-    async fn begin<DB: Backend>(
-        &self,
-        pool: &Pool<DB>,
-    ) -> Result<Option<(Transaction<'static, DB>, Option<WriterGuard>)>, sqlx::Error> {
-        let (tx, writer) = match self.lock_timeout {
-            None => begin_write(pool).await?,
-            Some(patience) => match begin_write_within(pool, patience).await? {
-                Some(begun) => begun,
-                None => return Ok(None),
-            },
-        };
-        Ok(Some((tx, writer)))
     }
 
     fn in_progress<T, R>(&self, lease_until_millis: Option<i64>) -> Delivery<T, R> {
@@ -561,30 +540,20 @@ impl Lease {
         self.until
     }
 
-    /// Extends the lease to `by` from now. `false` if it was lost (taken over).
+    /// Extends the lease to `by` from now, in a transaction of its own. `false` if it was
+    /// lost (the lease expired and another delivery took the message over): stop the work
+    /// if you can, its result will be refused.
     pub async fn extend<DB: Backend>(
         &mut self,
         pool: &Pool<DB>,
         by: Duration,
-    ) -> Result<bool, sqlx::Error> {
-        // No lock timeout: only the lease's holder writes its record, so the wait is short,
-        // and giving up would lose the lease.
-        let (mut tx, _writer) = begin_write(pool).await?;
-        let now = self.inbox.clock.now_millis();
-        let until = now.saturating_add(millis(by));
-        let params = [
-            Param::Text(&self.inbox.group),
-            Param::Text(self.key.as_str()),
-            Param::Int(until),
-            Param::Int(now),
-            Param::Int(self.attempt),
-        ];
-        let extended = DB::execute(&mut tx, sql::EXTEND, &params).await? == 1;
-        tx.commit().await?;
-        if extended {
+    ) -> Result<bool, Error<Infallible>> {
+        let plan = leased::ExtendPlan { lease: self, by };
+        let extended = stages_only(pool, &plan).await?;
+        if let Some(until) = extended {
             self.until = until;
         }
-        Ok(extended)
+        Ok(extended.is_some())
     }
 
     /// Records the work's outcome in a transaction of its own: SUCCESS with the result, or

@@ -1,0 +1,84 @@
+//! Retention: one batch of a purge is a unit of work of its own (the writer's turn and the
+//! inbox's lock timeout, the conflict retry, a span), so live deliveries interleave with a
+//! long purge.
+
+use super::counters::Counter;
+use super::{Inbox, sql};
+use crate::backend::{Backend, Dialect, Param};
+use crate::error::Error;
+use crate::observe::Labels;
+use crate::work::{Entered, GaveUp, Plan};
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// Deletes at most `batch` finished records of the inbox's group last touched before
+/// `cutoff` (milliseconds).
+pub(crate) struct PurgePlan<'a> {
+    pub(crate) inbox: &'a Inbox,
+    pub(crate) cutoff: i64,
+    pub(crate) batch: i64,
+}
+
+/// How many records a batch deleted; `None` when it gave up waiting for the writer's turn
+/// (the inbox's lock timeout), to be tried again.
+pub(crate) type Purged = Option<u64>;
+
+impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
+    // No body: a batch ends in its stage.
+    type Value = Infallible;
+    type Reply = Purged;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Purged>)> {
+        let gave_up: GaveUp<Self, Purged> = |_| None;
+        self.inbox.lock_timeout.map(|patience| (patience, gave_up))
+    }
+
+    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Purged>, Error<Infallible>> {
+        let statement = match DB::dialect(tx) {
+            Dialect::Postgres => sql::PURGE_POSTGRES,
+            Dialect::Sqlite => sql::PURGE_SQLITE,
+        };
+        let params = [
+            Param::Text(&self.inbox.group),
+            Param::Int(self.cutoff),
+            Param::Int(self.batch),
+        ];
+        let deleted = DB::execute(tx, statement, &params).await?;
+        Ok(Entered::Done {
+            reply: Some(deleted),
+            commit: true,
+        })
+    }
+
+    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
+        match *value {}
+    }
+
+    fn applied(&self, value: Infallible) -> Purged {
+        match value {}
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.inbox.group),
+            ..Labels::default()
+        }
+    }
+
+    fn outcome_name(reply: &Purged) -> &'static str {
+        match reply {
+            Some(_) => "purged",
+            None => "busy",
+        }
+    }
+
+    fn settled(&self, reply: &Purged) {
+        if let Some(deleted) = reply {
+            self.inbox.counters.add(Counter::Purged, *deleted);
+        }
+    }
+}
