@@ -309,20 +309,24 @@ impl<'a> Call<'a> {
     /// The statement's parameters: the key's columns, then `rest`.
     fn params(&self, rest: &[Param<'a>]) -> Vec<Param<'a>> {
         let mut params = Vec::with_capacity(self.key.parts().len() + rest.len());
-        params.extend(self.key.parts().iter().map(key_param));
+        key_params(self.key, &mut params);
         params.extend_from_slice(rest);
         params
     }
 }
 
-fn key_param(part: &Key) -> Param<'_> {
-    match part {
-        Key::Int(n) => Param::Int(*n),
-        Key::Text(s) => Param::Text(s),
+/// The key's columns, in order, as parameters.
+fn key_params<'a>(key: &'a Key, params: &mut Vec<Param<'a>>) {
+    match key {
+        Key::Int(n) => params.push(Param::Int(*n)),
+        Key::Text(s) => params.push(Param::Text(s)),
         #[cfg(feature = "uuid")]
-        Key::Uuid(id) => Param::Uuid(*id),
-        // `Key::parts` yields scalar keys only
-        Key::Composite(_) => unreachable!("a composite key's parts are scalar"),
+        Key::Uuid(id) => params.push(Param::Uuid(*id)),
+        Key::Composite(parts) => {
+            for part in parts.parts() {
+                key_params(part, params);
+            }
+        }
     }
 }
 
