@@ -15,6 +15,8 @@ pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault;
 mod glue;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod inbox;
 mod key;
 mod machine;

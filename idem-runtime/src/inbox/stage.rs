@@ -20,6 +20,11 @@ pub struct InboxStage {
     inbox: Inbox,
     key: MessageKey,
     fingerprint: String,
+    /// How long to wait for the writer's turn (SQLite) before giving up as in progress.
+    patience: Option<Duration>,
+    /// How long the record's insert waits for a concurrent delivery of the same key to end
+    /// (PostgreSQL's `lock_timeout`) before giving up as in progress.
+    lock_timeout: Option<Duration>,
 }
 
 /// A delivery recorded in the open transaction, waiting for the handler's result.
@@ -33,10 +38,32 @@ pub struct Recorded {
 impl InboxStage {
     /// The stage recording `key` (with the fingerprint of `payload`) in `inbox`.
     pub fn new(inbox: &Inbox, key: &MessageKey, payload: &[u8]) -> Self {
+        InboxStage::fingerprinted(inbox, key, fingerprint(payload))
+    }
+
+    /// The stage recording `key` with a fingerprint computed by the caller.
+    pub(crate) fn fingerprinted(inbox: &Inbox, key: &MessageKey, fingerprint: String) -> Self {
         InboxStage {
             inbox: inbox.clone(),
             key: key.clone(),
-            fingerprint: fingerprint(payload),
+            fingerprint,
+            patience: inbox.lock_timeout,
+            lock_timeout: inbox.lock_timeout,
+        }
+    }
+
+    /// Waits differently from the inbox's lock timeout: `patience` for the SQLite writer's
+    /// turn, `lock_timeout` for a concurrent delivery of the same key on PostgreSQL.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn waiting(
+        self,
+        patience: Option<Duration>,
+        lock_timeout: Option<Duration>,
+    ) -> Self {
+        InboxStage {
+            patience,
+            lock_timeout,
+            ..self
         }
     }
 
@@ -45,7 +72,7 @@ impl InboxStage {
     }
 
     fn patience(&self) -> Option<Duration> {
-        self.inbox.lock_timeout
+        self.patience
     }
 
     /// The consumer group and the message key, for the call's span and counters.
@@ -66,7 +93,7 @@ impl InboxStage {
     ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
         let inbox = &self.inbox;
         let postgres = DB::dialect(conn) == Dialect::Postgres;
-        if let (Some(timeout), true) = (inbox.lock_timeout, postgres) {
+        if let (Some(timeout), true) = (self.lock_timeout, postgres) {
             // SET takes no parameters; the value is our own integer.
             let set = format!(
                 "SET LOCAL lock_timeout = '{}ms'",
@@ -110,7 +137,7 @@ impl InboxStage {
                 Found::Ended(ended) => return inbox.ended(codec, &self.key, ended).map(Err),
             }
         }
-        if inbox.lock_timeout.is_some() && postgres {
+        if self.lock_timeout.is_some() && postgres {
             // The lock timeout is for waiting on another delivery of the message, not for
             // the handler's own statements: back to the session's setting.
             DB::execute(conn, "SET LOCAL lock_timeout = DEFAULT", &[]).await?;

@@ -1,0 +1,277 @@
+//! Idempotent HTTP requests: an `Idempotency-Key` layer for tower and axum (feature `http`)
+//! whose stored response commits in the same transaction as the handler's writes.
+//!
+//! ```no_run
+//! use axum::{Json, Router, routing::post};
+//! use idem::http::{IdempotencyLayer, Tx};
+//! use idem::inbox::Inbox;
+//! use sqlx::Sqlite;
+//!
+//! async fn create_order(mut tx: Tx<Sqlite>, Json(order): Json<serde_json::Value>)
+//!     -> Result<(axum::http::StatusCode, String), axum::http::StatusCode> {
+//!     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
+//!         .bind(order.to_string())
+//!         .execute(&mut **tx)
+//!         .await
+//!         .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok((axum::http::StatusCode::CREATED, "created".to_owned()))
+//! }
+//!
+//! # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+//! idem::migrate(&pool).await?;
+//! let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?);
+//! let app: Router = Router::new().route("/orders", post(create_order).layer(keys));
+//! # Ok(()) }
+//! ```
+//!
+//! For each request on a route behind the layer:
+//!
+//! 1. **The key.** `Idempotency-Key` must be one Structured Field string
+//!    (`"8e03978e-…"`) or a bare token (`8e03978e-…`, accepted as the same key, since most
+//!    clients send one), 1–255 characters of visible ASCII. Missing (on a route that requires
+//!    it, the default), repeated or malformed: **400**, `application/problem+json`, nothing
+//!    runs or is stored.
+//! 2. **The body** is read, up to [`IdempotencyLayer::max_request_body`] (1 MiB by default;
+//!    beyond it **413**, never buffered further).
+//! 3. **The record.** In one transaction of your database, the key is recorded in idem's
+//!    inbox table under the layer's consumer group, as the SHA-256 of the principal
+//!    ([`IdempotencyLayer::principal`]) and the key (keys are never stored as sent, and one
+//!    principal's key never finds another's record), with the request's fingerprint (the
+//!    SHA-256 of the method, the path and query, the headers named by
+//!    [`IdempotencyLayer::compare_headers`] and the body's bytes exactly as sent).
+//!    - A repeat of a finished request gets the first response: its **status, the headers
+//!      named by [`IdempotencyLayer::replay_headers`] and its body**, with
+//!      `Idempotent-Replayed: true`.
+//!    - The same key with a different fingerprint: **422**; the first response stays.
+//!    - The same key while its first request still runs: **409** with `Retry-After`, never
+//!      a second execution; or, with [`IdempotencyLayer::wait`], the repeat waits for the
+//!      first (bounded) and gets its response.
+//! 4. **The handler** runs with the transaction as its [`Tx`] extractor.
+//! 5. **The response** is stored in the record and committed with the handler's writes,
+//!    then sent: a crash before the commit leaves nothing (the retry runs again), after it
+//!    the retry is replayed. Not stored, with nothing committed: a status the policy does not
+//!    keep ([`IdempotencyLayer::store_if`]; by default every status below 500 is kept, so a
+//!    5xx's retry runs again), and a response the handler made without using its
+//!    transaction (an extractor's rejection, a validation error). A body longer than
+//!    [`IdempotencyLayer::max_stored_body`] (256 KiB by default), of unknown length, or an
+//!    event stream is sent as it is and not kept: the record commits with the status and
+//!    headers, a repeat replays them with an empty body, and a warning is logged.
+//!
+//! **Retention.** Records are the inbox's: [`Inbox::purge`](crate::inbox::Inbox::purge) or
+//! [`IdempotencyLayer::spawn_sweeper`] delete those older than the retention (24 hours by
+//! default, [`IdempotencyLayer::retention`]) in bounded batches. A key reused after its record
+//! was purged runs again.
+
+mod extract;
+mod fingerprint;
+mod flight;
+mod key;
+mod problem;
+mod response;
+mod service;
+
+pub use extract::Tx;
+pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
+pub use response::IDEMPOTENT_REPLAYED;
+pub use service::IdempotencyService;
+
+use crate::backend::Backend;
+use crate::inbox::Inbox;
+use axum_core::body::Body;
+use axum_core::response::IntoResponse;
+use flight::InFlight;
+use http::request::Parts;
+use http::{HeaderName, Response, StatusCode, header};
+use sqlx::Pool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long records are kept by default: 24 hours.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The principal of a request, or the response refusing it (boxed: it is the rare path).
+type Principal = dyn Fn(&Parts) -> Result<String, Box<Response<Body>>> + Send + Sync;
+
+/// The layer's settings, shared by its services.
+pub(crate) struct Config<DB: Backend> {
+    pool: Pool<DB>,
+    inbox: Inbox,
+    required: bool,
+    principal: Option<Arc<Principal>>,
+    compared_headers: Vec<HeaderName>,
+    replayed_headers: Vec<HeaderName>,
+    max_request_body: usize,
+    max_stored_body: usize,
+    store_if: fn(StatusCode) -> bool,
+    wait: Duration,
+    retention: Duration,
+    in_flight: Arc<InFlight>,
+}
+
+/// The `Idempotency-Key` layer: see the [module documentation](self) for what it does with
+/// each request. Apply it to the routes whose requests must run once
+/// (`post(handler).layer(layer)`, or `Router::route_layer`); their handlers take [`Tx`].
+pub struct IdempotencyLayer<DB: Backend> {
+    config: Config<DB>,
+}
+
+impl<DB: Backend> IdempotencyLayer<DB> {
+    /// A layer recording keys in `inbox`'s consumer group (its records live in idem's
+    /// inbox table: run [`idem::migrate`](crate::migrate) first), in transactions of `pool`.
+    pub fn new(pool: Pool<DB>, inbox: Inbox) -> Self {
+        IdempotencyLayer {
+            config: Config {
+                pool,
+                inbox,
+                required: true,
+                principal: None,
+                compared_headers: vec![header::CONTENT_TYPE],
+                replayed_headers: vec![header::CONTENT_TYPE, header::LOCATION],
+                max_request_body: 1024 * 1024,
+                max_stored_body: 256 * 1024,
+                store_if: |status| !status.is_server_error(),
+                wait: Duration::ZERO,
+                retention: DEFAULT_RETENTION,
+                in_flight: Arc::default(),
+            },
+        }
+    }
+
+    /// Whether a request without a key is refused (400, the default) or runs without
+    /// idempotency (`false`: it still gets its [`Tx`], and nothing is recorded).
+    pub fn required(mut self, required: bool) -> Self {
+        self.config.required = required;
+        self
+    }
+
+    /// Scopes keys per principal: `principal` names the request's tenant, API key or user
+    /// (from its headers or extensions, as your authentication left them), and the same key
+    /// from two principals is two records, never a replay of the other's response. Its
+    /// `Err` is sent as the response (`Err(StatusCode::UNAUTHORIZED)`, say), and nothing
+    /// runs. Without it, all requests share one scope.
+    pub fn principal<R: IntoResponse>(
+        mut self,
+        principal: impl Fn(&Parts) -> Result<String, R> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.principal = Some(Arc::new(move |parts: &Parts| {
+            principal(parts).map_err(|refused| Box::new(refused.into_response()))
+        }));
+        self
+    }
+
+    /// The request headers that are part of its fingerprint, besides the method, the path
+    /// and query and the body (by default `Content-Type`).
+    pub fn compare_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.compared_headers = names.into_iter().collect();
+        self
+    }
+
+    /// The response headers stored and replayed with the status and the body (by default
+    /// `Content-Type` and `Location`). Others — `Set-Cookie`, say — are not replayed.
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.replayed_headers = names.into_iter().collect();
+        self
+    }
+
+    /// The largest request body read (by default 1 MiB); a longer one is refused with 413
+    /// before anything runs.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The largest response body kept for replays (by default 256 KiB). A longer one is
+    /// sent but not kept (see the [module documentation](self)).
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.config.max_stored_body = bytes;
+        self
+    }
+
+    /// Which statuses are stored and committed with the handler's writes. By default every
+    /// status below 500: a 5xx rolls the handler's writes back and is not stored, so a retry
+    /// runs again. `|_| true` keeps 5xx too.
+    pub fn store_if(mut self, keep: fn(StatusCode) -> bool) -> Self {
+        self.config.store_if = keep;
+        self
+    }
+
+    /// How long a repeat of a request still running waits for it before the 409 (by
+    /// default not at all). A repeat that gets its turn gets the first response.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.wait = wait;
+        self
+    }
+
+    /// How long records are kept (by default 24 hours), for
+    /// [`spawn_sweeper`](Self::spawn_sweeper) and [`purge`](Self::purge).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The retention.
+    pub fn retention_period(&self) -> Duration {
+        self.config.retention
+    }
+
+    /// Deletes the records older than the retention, in batches of at most `batch`; how
+    /// many it deleted.
+    pub async fn purge(&self, batch: u32) -> Result<u64, crate::Error<std::convert::Infallible>> {
+        self.config
+            .inbox
+            .purge(&self.config.pool, self.config.retention, batch)
+            .await
+    }
+
+    /// Runs [`purge`](Self::purge) every `every` on a background task, in batches of 1,000.
+    /// Fails, starting nothing, outside a Tokio runtime.
+    pub fn spawn_sweeper(
+        &self,
+        every: Duration,
+    ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {
+        self.config.inbox.spawn_sweeper(
+            self.config.pool.clone(),
+            self.config.retention,
+            every,
+            1000,
+        )
+    }
+}
+
+impl<DB: Backend> Clone for IdempotencyLayer<DB> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> Clone for Config<DB> {
+    fn clone(&self) -> Self {
+        Config {
+            pool: self.pool.clone(),
+            inbox: self.inbox.clone(),
+            required: self.required,
+            principal: self.principal.clone(),
+            compared_headers: self.compared_headers.clone(),
+            replayed_headers: self.replayed_headers.clone(),
+            max_request_body: self.max_request_body,
+            max_stored_body: self.max_stored_body,
+            store_if: self.store_if,
+            wait: self.wait,
+            retention: self.retention,
+            in_flight: self.in_flight.clone(),
+        }
+    }
+}
+
+impl<S, DB: Backend> tower_layer::Layer<S> for IdempotencyLayer<DB> {
+    type Service = IdempotencyService<S, DB>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            config: Arc::new(self.config.clone()),
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The layer's service: key → body → unit of work (the key record as its stage) → the
+//! handler in its transaction → the response stored and committed with the handler's
+//! writes → the response sent.
+
+use super::Config;
+use super::extract::Slot;
+use super::fingerprint::{fingerprint, record_key};
+use super::flight::Flight;
+use super::key::{KeyProblem, request_key};
+use super::problem::Problem;
+use super::response::StoredResponse;
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::glue::codec;
+use crate::inbox::{Delivery, InboxPlan, InboxStage, MessageKey};
+use crate::stored::MAX_RESULT_LEN;
+use crate::work::{Begun, Entered, Plan, Staged, begin};
+use axum_core::body::Body;
+use bytes::Bytes;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, Limited};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower_service::Service;
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler.
+pub struct IdempotencyService<S, DB: Backend> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config<DB>>,
+}
+
+impl<S: Clone, DB: Backend> Clone for IdempotencyService<S, DB> {
+    fn clone(&self) -> Self {
+        IdempotencyService {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, DB, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, DB>
+where
+    DB: Backend,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: HttpBody<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready runs this request; its clone serves the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        Box::pin(async move { serve(&config, inner, request).await })
+    }
+}
+
+/// One request, start to end.
+async fn serve<S, DB, ReqBody, ResBody>(
+    config: &Config<DB>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    DB: Backend,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send,
+    S::Future: Send,
+    ReqBody: HttpBody<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let key = match request_key(&parts.headers) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.required => return Ok(bad_key(&KeyProblem::Missing)),
+        Ok(None) => {
+            // No key on a route where it is optional: the handler still gets its
+            // transaction, and nothing is recorded.
+            let request = Request::from_parts(parts, Body::new(body));
+            return run(config, inner, request, &Unrecorded, None).await;
+        }
+        Err(problem) => return Ok(bad_key(&problem)),
+    };
+    let scope = match &config.principal {
+        Some(principal) => match principal(&parts) {
+            Ok(scope) => scope,
+            Err(refused) => return Ok(*refused),
+        },
+        None => String::new(),
+    };
+    let body = match read_body(&parts, body, config.max_request_body).await {
+        Ok(body) => body,
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    let record = record_key(&scope, &key);
+    // 64 hex characters: always a valid message key.
+    let Ok(message) = MessageKey::new(record.clone()) else {
+        return Ok(server_error("the record key could not be formed"));
+    };
+    // A repeat of a request still running in this process: answered at once, or after
+    // waiting for it (bounded), without queueing for the database.
+    let Some(flight) = config.in_flight.enter(&record, config.wait).await else {
+        return Ok(in_progress(None));
+    };
+    let fingerprint = fingerprint(&parts, &config.compared_headers, &body);
+    // Waiting for the writer's turn (SQLite) is waiting for other keys: no limit. On
+    // PostgreSQL a concurrent first request of this key (another process) holds its
+    // record's row lock: wait for it as long as the layer waits.
+    let stage = InboxStage::fingerprinted(&config.inbox, &message, fingerprint)
+        .waiting(None, Some(config.wait.max(Duration::from_millis(50))));
+    let plan = InboxPlan::new(stage, codec::<Result<StoredResponse, Infallible>>());
+    let request = Request::from_parts(parts, Body::from(body));
+    run(config, inner, request, &plan, Some(flight)).await
+}
+
+/// Begins the unit of work of `plan`, runs the handler in it if its stages let it, and
+/// stores the response (if the policy keeps it) and commits, or rolls back.
+async fn run<S, DB, P, ResBody>(
+    config: &Config<DB>,
+    mut inner: S,
+    mut request: Request<Body>,
+    plan: &P,
+    flight: Option<Flight>,
+) -> Result<Response<Body>, S::Error>
+where
+    DB: Backend,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send,
+    S::Future: Send,
+    P: Answer<DB> + Plan<DB, Value = StoredResponse>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let work = match begin(&config.pool, plan).await {
+        Begun::Run(work) => work,
+        Begun::Done(done) => return Ok(P::answer(done)),
+    };
+    let held = work.held();
+    let slot = Slot::new(work);
+    request.extensions_mut().insert(slot.clone());
+    let response = held.run(inner.call(request)).await?;
+    let Some((work, used)) = slot.take() else {
+        // The handler kept its transaction past the request: it rolls back whenever that
+        // ends, so nothing can be stored now.
+        drop(flight);
+        return Ok(server_error(
+            "the handler kept its idem::http::Tx after it returned; nothing was committed",
+        ));
+    };
+    let (parts, body) = response.into_parts();
+    if !used || !(config.store_if)(parts.status) {
+        // Not the handler's result to keep (it answered without its transaction), or
+        // not kept by the policy (a 5xx: the retry runs again): nothing commits.
+        drop(work);
+        drop(flight);
+        return Ok(Response::from_parts(parts, Body::new(body)));
+    }
+    let keep = kept_length(&parts, &body, config.max_stored_body);
+    let (body, bytes) = if keep {
+        match body.collect().await {
+            Ok(collected) => {
+                let bytes = collected.to_bytes();
+                (Body::from(bytes.clone()), Some(bytes))
+            }
+            Err(_) => {
+                drop(work);
+                return Ok(server_error(
+                    "the handler's response body failed; nothing was committed",
+                ));
+            }
+        }
+    } else {
+        (Body::new(body), None)
+    };
+    let mut stored = StoredResponse::of(&parts, &config.replayed_headers, bytes.as_ref());
+    if serde_json::to_string(&stored).is_ok_and(|json| json.len() > MAX_RESULT_LEN) {
+        stored = StoredResponse::of(&parts, &config.replayed_headers, None);
+    }
+    if bytes.is_none() {
+        tracing::warn!(
+            status = parts.status.as_u16(),
+            limit = config.max_stored_body,
+            "idem: the response body is streamed or larger than the layer keeps; a repeat replays its status and headers with an empty body"
+        );
+    }
+    let finished = work.finish(plan, Ok::<_, Infallible>(stored)).await;
+    drop(flight);
+    match finished {
+        Ok(_) => Ok(Response::from_parts(parts, body)),
+        Err(e) => {
+            tracing::error!(error = %e, "idem: the idempotent request's commit failed");
+            Ok(server_error(
+                "the request's changes could not be committed; nothing was stored, retry with the same key",
+            ))
+        }
+    }
+}
+
+/// Whether the response's body is to be kept: its length is known and within `limit`, and
+/// it is not an event stream.
+fn kept_length<B: HttpBody>(parts: &http::response::Parts, body: &B, limit: usize) -> bool {
+    let streamed = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let hint = body.size_hint();
+    !streamed && hint.upper().is_some_and(|n| n <= limit as u64)
+}
+
+/// The request body, read up to `limit` bytes.
+async fn read_body<B>(parts: &http::request::Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let too_large = || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            format!("an idempotent request's body may be at most {limit} bytes"),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "Unreadable request body",
+            "the request body could not be read",
+        )),
+    }
+}
+
+/// How a plan's early end becomes a response.
+trait Answer<DB: Backend>: Plan<DB> {
+    fn answer(done: Result<Self::Reply, Error<Infallible>>) -> Response<Body>;
+}
+
+impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
+    fn answer(done: Result<Delivery<StoredResponse>, Error<Infallible>>) -> Response<Body> {
+        match done {
+            Ok(Delivery::Duplicate {
+                first_result: Some(stored),
+            }) => stored.replay().unwrap_or_else(|| {
+                server_error("the stored response of this key is damaged")
+            }),
+            Ok(Delivery::Conflict) => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Idempotency-Key reused",
+                "this Idempotency-Key was used for a different request (method, path, body or compared headers); the first request's response stays. Send a new request with a new key",
+            )
+            .into_response(),
+            Ok(Delivery::InProgress { lease_until_millis }) => in_progress(lease_until_millis),
+            Ok(Delivery::Dead { attempts, .. }) => server_error(&format!(
+                "the request with this key failed on each of its {attempts} attempts and is parked; use a new key"
+            )),
+            Ok(Delivery::Processed(_) | Delivery::Duplicate { first_result: None }) => {
+                server_error("the record of this key holds no response")
+            }
+            Ok(Delivery::Refused(never)) => match never {},
+            Err(e) => database_error(&e),
+        }
+    }
+}
+
+/// The plan of a request without a key on a route where it is optional: no stage, only
+/// the transaction.
+struct Unrecorded;
+
+impl<DB: Backend> Plan<DB> for Unrecorded {
+    type Value = StoredResponse;
+    type Reply = ();
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    async fn enter(&self, _: &mut DB::Connection) -> Result<Entered<()>, Error<Infallible>> {
+        Ok(Entered::Run(Staged::default()))
+    }
+
+    fn encode(&self, _: &StoredResponse) -> Result<String, Error<Infallible>> {
+        // Nothing to store: no stage keeps a result.
+        Ok("null".to_owned())
+    }
+
+    fn applied(&self, _: StoredResponse) {}
+
+    fn labels(&self) -> crate::observe::Labels<'_> {
+        crate::observe::Labels::default()
+    }
+
+    fn outcome_name(_: &()) -> &'static str {
+        "processed"
+    }
+}
+
+impl<DB: Backend> Answer<DB> for Unrecorded {
+    fn answer(done: Result<(), Error<Infallible>>) -> Response<Body> {
+        match done {
+            Ok(()) => server_error("a request without a key ended before its handler"),
+            Err(e) => database_error(&e),
+        }
+    }
+}
+
+fn bad_key(problem: &KeyProblem) -> Response<Body> {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "Invalid Idempotency-Key",
+        problem.to_string(),
+    )
+    .into_response()
+}
+
+fn in_progress(lease_until_millis: Option<i64>) -> Response<Body> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let after = lease_until_millis
+        .map(|until| Duration::from_millis(until.saturating_sub(now).max(0) as u64))
+        .unwrap_or(Duration::from_secs(1));
+    let mut problem = Problem::new(
+        StatusCode::CONFLICT,
+        "Request in progress",
+        "a request with this Idempotency-Key is still being processed; retry after it ends to get its response",
+    );
+    problem.retry_after = Some(after);
+    problem.into_response()
+}
+
+fn server_error(detail: &str) -> Response<Body> {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Idempotent request failed",
+        detail,
+    )
+    .into_response()
+}
+
+/// A database error before the handler ran: nothing was recorded, so the same request may
+/// be retried (a 503 when the database was only busy).
+fn database_error(e: &Error<Infallible>) -> Response<Body> {
+    tracing::error!(error = %e, "idem: the idempotency key could not be recorded");
+    let (status, title) = if e.is_transient() {
+        (StatusCode::SERVICE_UNAVAILABLE, "Database busy")
+    } else {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Idempotent request failed",
+        )
+    };
+    let mut response = Problem::new(
+        status,
+        title,
+        "the request's key could not be recorded; nothing ran, retry with the same key",
+    )
+    .into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}

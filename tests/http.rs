@@ -1,0 +1,485 @@
+//! The Idempotency-Key layer over real TCP with a real HTTP client (hyper), on a SQLite file
+//! and on PostgreSQL: every status it answers, races of one key, principals, the storage
+//! policy, bounded bodies, a transition route, retention.
+
+mod common;
+#[path = "common/http_client.rs"]
+mod http_client;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::routing::post as route_post;
+use http_client::{Reply, post, send, serve};
+use idem::http::{IdempotencyLayer, Tx};
+use idem::inbox::{Inbox, ManualClock};
+use idem::{Outcome, StateMachine};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+pub enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+#[derive(serde::Deserialize)]
+pub struct NewOrder {
+    pub amount: i64,
+}
+
+fn is_problem(reply: &Reply, status: u16) -> bool {
+    reply.status == status && reply.header("content-type") == Some("application/problem+json")
+}
+
+macro_rules! http_tests {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        mod $module {
+            use super::*;
+
+            #[derive(Clone)]
+            struct App {
+                executions: Arc<AtomicU64>,
+                /// `/slow` waits for a permit here before it answers.
+                gate: Arc<tokio::sync::Semaphore>,
+            }
+
+            async fn effect(tx: &mut Tx<$db>, n: u64, kind: &str) -> Result<(), StatusCode> {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 0)")
+                    .bind(n as i64)
+                    .bind(kind)
+                    .execute(&mut ***tx)
+                    .await
+                    .map(drop)
+                    .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
+            }
+
+            async fn create(
+                State(app): State<App>,
+                mut tx: Tx<$db>,
+                body: String,
+            ) -> Result<(StatusCode, [(header::HeaderName, String); 1], String), StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                effect(&mut tx, n, "create").await?;
+                Ok((
+                    StatusCode::CREATED,
+                    [(header::LOCATION, format!("/orders/{n}"))],
+                    format!("{{\"execution\":{n},\"request\":{body}}}"),
+                ))
+            }
+
+            async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<String, StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                effect(&mut tx, n, "slow").await?;
+                app.gate.acquire().await.unwrap().forget();
+                Ok(format!("slow {n}"))
+            }
+
+            async fn fail(State(app): State<App>, mut tx: Tx<$db>) -> (StatusCode, String) {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = effect(&mut tx, n, "fail").await;
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("failed {n}"))
+            }
+
+            async fn validated(
+                State(app): State<App>,
+                mut tx: Tx<$db>,
+                axum::Json(order): axum::Json<NewOrder>,
+            ) -> Result<String, StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                effect(&mut tx, n, "validated").await?;
+                Ok(format!("order of {}", order.amount))
+            }
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay_order(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                order_id: i64,
+            ) -> Result<String, sqlx::Error> {
+                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 0)")
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(format!("paid {order_id}"))
+            }
+
+            async fn pay(Path(id): Path<i64>, mut tx: Tx<$db>) -> (StatusCode, String) {
+                match pay_order(&mut *tx, id).await {
+                    Ok(Outcome::Applied(receipt)) => (StatusCode::OK, receipt),
+                    Ok(Outcome::AlreadyDone { first_result, .. }) => (
+                        StatusCode::OK,
+                        format!("already: {}", first_result.unwrap_or_default()),
+                    ),
+                    Ok(other) => (StatusCode::CONFLICT, format!("{other:?}")),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                }
+            }
+
+            struct Server {
+                addr: std::net::SocketAddr,
+                other_addr: std::net::SocketAddr,
+                pool: $pool,
+                app: App,
+                clock: ManualClock,
+                layer: IdempotencyLayer<$db>,
+            }
+
+            impl Server {
+                fn executions(&self) -> u64 {
+                    self.app.executions.load(Ordering::SeqCst)
+                }
+
+                async fn effects(&self) -> i64 {
+                    sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+                        .fetch_one(&self.pool)
+                        .await
+                        .unwrap()
+                }
+
+                async fn records(&self) -> i64 {
+                    sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox")
+                        .fetch_one(&self.pool)
+                        .await
+                        .unwrap()
+                }
+            }
+
+            fn inbox_of(clock: &ManualClock) -> Inbox {
+                Inbox::new("orders-api").unwrap().clock(clock.clone())
+            }
+
+            async fn start() -> Option<Server> {
+                let pool: $pool = $setup?;
+                idem::migrate(&pool).await.unwrap();
+                sqlx::query("INSERT INTO orders (order_id, status) VALUES (7, 'CREATED')")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let clock = ManualClock::new(1_700_000_000_000);
+                let inbox = inbox_of(&clock);
+                let tenant = |parts: &axum::http::request::Parts| {
+                    Ok::<_, StatusCode>(
+                        parts
+                            .headers
+                            .get("x-tenant")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                };
+                let layer = IdempotencyLayer::new(pool.clone(), inbox.clone()).principal(tenant);
+                let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).max_request_body(64);
+                let optional = IdempotencyLayer::new(pool.clone(), inbox).required(false);
+                let app = App {
+                    executions: Arc::default(),
+                    gate: Arc::new(tokio::sync::Semaphore::new(0)),
+                };
+                let router = Router::new()
+                    .route("/orders", route_post(create).layer(layer.clone()))
+                    .route("/small", route_post(create).layer(small))
+                    .route("/optional", route_post(create).layer(optional))
+                    .route("/slow", route_post(slow).layer(layer.clone()))
+                    .route("/fail", route_post(fail).layer(layer.clone()))
+                    .route("/validated", route_post(validated).layer(layer.clone()))
+                    .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
+                    .with_state(app.clone());
+                // A second instance of the service on the same database: its own layer,
+                // so it knows nothing of the first's requests in flight.
+                let other = Router::new()
+                    .route(
+                        "/slow",
+                        route_post(slow)
+                            .layer(IdempotencyLayer::new(pool.clone(), inbox_of(&clock))),
+                    )
+                    .with_state(app.clone());
+                let other_addr = serve(other).await;
+                let addr = serve(router).await;
+                Some(Server {
+                    other_addr,
+                    addr,
+                    pool,
+                    app,
+                    clock,
+                    layer,
+                })
+            }
+
+            #[tokio::test]
+            async fn a_repeat_gets_the_first_response_replayed() {
+                let Some(s) = start().await else { return };
+                let first = post(s.addr, "/orders", "\"k-1\"", "{\"amount\":5}").await;
+                assert_eq!(first.status, 201, "{first:?}");
+                assert!(!first.replayed());
+                assert_eq!(first.header("location"), Some("/orders/1"));
+                // A bare token is the same key as the Structured Field string.
+                let again = post(s.addr, "/orders", "k-1", "{\"amount\":5}").await;
+                assert_eq!(again.status, 201);
+                assert!(again.replayed(), "{again:?}");
+                assert_eq!(again.body, first.body);
+                assert_eq!(again.header("location"), Some("/orders/1"));
+                assert_eq!(s.executions(), 1);
+                assert_eq!(s.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_key_reused_for_another_request_is_refused_and_the_first_stays() {
+                let Some(s) = start().await else { return };
+                let first = post(s.addr, "/orders", "k-2", "{\"amount\":5}").await;
+                assert_eq!(first.status, 201);
+                let other = post(s.addr, "/orders", "k-2", "{\"amount\":6}").await;
+                assert!(is_problem(&other, 422), "{other:?}");
+                let other_path = post(s.addr, "/slow", "k-2", "{\"amount\":5}").await;
+                assert!(is_problem(&other_path, 422), "{other_path:?}");
+                let again = post(s.addr, "/orders", "k-2", "{\"amount\":5}").await;
+                assert!(again.replayed());
+                assert_eq!(again.body, first.body);
+                assert_eq!(s.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn bad_keys_are_refused_before_anything_runs() {
+                let Some(s) = start().await else { return };
+                let json: (&str, &[u8]) = ("content-type", b"application/json");
+                let long = "x".repeat(256);
+                let cases: Vec<Vec<(&str, &[u8])>> = vec![
+                    vec![json],
+                    vec![json, ("idempotency-key", long.as_bytes())],
+                    vec![json, ("idempotency-key", b"a\tb")],
+                    vec![json, ("idempotency-key", b"\"unclosed")],
+                    vec![json, ("idempotency-key", b"\"\"")],
+                    vec![
+                        json,
+                        ("idempotency-key", b"one"),
+                        ("idempotency-key", b"two"),
+                    ],
+                ];
+                for headers in cases {
+                    let reply = send(s.addr, "POST", "/orders", &headers, "{}").await;
+                    assert!(is_problem(&reply, 400), "{headers:?}: {reply:?}");
+                }
+                let longest = "x".repeat(255);
+                assert_eq!(post(s.addr, "/orders", &longest, "{}").await.status, 201);
+                assert_eq!(s.executions(), 1);
+                assert_eq!(s.records().await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_repeat_while_the_first_runs_is_409_then_replayed() {
+                let Some(s) = start().await else { return };
+                let first = tokio::spawn(post(s.addr, "/slow", "k-3", "{}"));
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let during = post(s.addr, "/slow", "k-3", "{}").await;
+                assert!(is_problem(&during, 409), "{during:?}");
+                assert!(during.header("retry-after").is_some());
+                s.app.gate.add_permits(1);
+                let first = first.await.unwrap();
+                assert_eq!((first.status, first.body.as_str()), (200, "slow 1"));
+                let after = post(s.addr, "/slow", "k-3", "{}").await;
+                assert!(after.replayed());
+                assert_eq!(after.body, "slow 1");
+                assert_eq!(s.executions(), 1);
+            }
+
+            /// Another instance cannot see this one's requests in flight; the database
+            /// decides. PostgreSQL: the repeat's record waits on the first's row lock, then
+            /// gives up with a 409. SQLite: the repeat waits for the database's writer, then
+            /// finds the first's record and replays it.
+            #[tokio::test]
+            async fn a_repeat_through_another_instance_never_runs_twice() {
+                let Some(s) = start().await else { return };
+                let first = tokio::spawn(post(s.addr, "/slow", "k-11", "{}"));
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let repeat = tokio::spawn(post(s.other_addr, "/slow", "k-11", "{}"));
+                let postgres = <$db as sqlx::Database>::NAME == "PostgreSQL";
+                if postgres {
+                    let during = repeat.await.unwrap();
+                    assert!(is_problem(&during, 409), "{during:?}");
+                    s.app.gate.add_permits(1);
+                    assert_eq!(first.await.unwrap().body, "slow 1");
+                } else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    assert!(!repeat.is_finished(), "the repeat waits for the writer");
+                    s.app.gate.add_permits(1);
+                    assert_eq!(first.await.unwrap().body, "slow 1");
+                    let replayed = repeat.await.unwrap();
+                    assert!(replayed.replayed(), "{replayed:?}");
+                    assert_eq!(replayed.body, "slow 1");
+                }
+                assert!(post(s.other_addr, "/slow", "k-11", "{}").await.replayed());
+                assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn thirty_two_clients_with_one_key_run_it_once() {
+                let Some(s) = start().await else { return };
+                let clients: Vec<_> = (0..32)
+                    .map(|_| tokio::spawn(post(s.addr, "/orders", "k-4", "{\"amount\":1}")))
+                    .collect();
+                let mut replies = Vec::new();
+                for client in clients {
+                    replies.push(client.await.unwrap());
+                }
+                let firsts: Vec<&Reply> = replies
+                    .iter()
+                    .filter(|r| r.status == 201 && !r.replayed())
+                    .collect();
+                assert_eq!(firsts.len(), 1, "{replies:#?}");
+                for reply in &replies {
+                    match reply.status {
+                        201 => assert_eq!(reply.body, firsts[0].body),
+                        409 => assert!(reply.header("retry-after").is_some()),
+                        other => panic!("unexpected {other}: {reply:?}"),
+                    }
+                }
+                assert_eq!(s.executions(), 1);
+                assert_eq!(s.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn two_principals_with_one_key_never_see_each_other() {
+                let Some(s) = start().await else { return };
+                let as_tenant = |tenant: &'static str| {
+                    let addr = s.addr;
+                    async move {
+                        send(
+                            addr,
+                            "POST",
+                            "/orders",
+                            &[
+                                ("idempotency-key", b"k-5"),
+                                ("content-type", b"application/json"),
+                                ("x-tenant", tenant.as_bytes()),
+                            ],
+                            "{}",
+                        )
+                        .await
+                    }
+                };
+                let a = as_tenant("a").await;
+                let b = as_tenant("b").await;
+                assert!(!a.replayed() && !b.replayed());
+                assert_ne!(a.body, b.body);
+                assert_eq!(as_tenant("a").await.body, a.body);
+                assert_eq!(as_tenant("b").await.body, b.body);
+                assert_eq!(s.executions(), 2);
+                // Keys are stored as digests, never as sent.
+                let stored: Vec<String> = sqlx::query_scalar("SELECT message_key FROM idem_inbox")
+                    .fetch_all(&s.pool)
+                    .await
+                    .unwrap();
+                assert!(
+                    stored.iter().all(|k| k.len() == 64 && !k.contains("k-5")),
+                    "{stored:?}"
+                );
+            }
+
+            #[tokio::test]
+            async fn server_errors_and_rejections_are_not_stored() {
+                let Some(s) = start().await else { return };
+                let failed = post(s.addr, "/fail", "k-6", "{}").await;
+                assert_eq!((failed.status, failed.body.as_str()), (500, "failed 1"));
+                assert_eq!(
+                    s.effects().await,
+                    0,
+                    "a 5xx rolls the handler's writes back"
+                );
+                let again = post(s.addr, "/fail", "k-6", "{}").await;
+                assert_eq!((again.status, again.body.as_str()), (500, "failed 2"));
+                assert!(!again.replayed());
+                // The body extractor refuses the request before the handler runs: not
+                // stored, so the corrected request runs under the same key.
+                let rejected = post(s.addr, "/validated", "k-7", "{\"amount\":\"five\"}").await;
+                assert_eq!(rejected.status, 422, "{rejected:?}");
+                let fixed = post(s.addr, "/validated", "k-7", "{\"amount\":5}").await;
+                assert_eq!((fixed.status, fixed.body.as_str()), (200, "order of 5"));
+                assert_eq!(s.records().await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_body_over_the_limit_is_413_and_nothing_runs() {
+                let Some(s) = start().await else { return };
+                let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(100));
+                let reply = post(s.addr, "/small", "k-8", &big).await;
+                assert!(is_problem(&reply, 413), "{reply:?}");
+                assert_eq!(post(s.addr, "/small", "k-8", "{}").await.status, 201);
+                assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test]
+            async fn a_transition_route_is_an_http_replay_and_an_already_done() {
+                let Some(s) = start().await else { return };
+                let paid = post(s.addr, "/orders/7/pay", "pay-1", "").await;
+                assert_eq!((paid.status, paid.body.as_str()), (200, "paid 7"));
+                let replay = post(s.addr, "/orders/7/pay", "pay-1", "").await;
+                assert!(replay.replayed());
+                assert_eq!(replay.body, "paid 7");
+                // Another key: the request runs, and the transition is already done.
+                let other = post(s.addr, "/orders/7/pay", "pay-2", "").await;
+                assert_eq!(
+                    (other.status, other.body.as_str()),
+                    (200, "already: paid 7")
+                );
+                assert!(!other.replayed());
+                assert_eq!(s.effects().await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_key_runs_again_after_its_record_is_purged() {
+                let Some(s) = start().await else { return };
+                assert_eq!(post(s.addr, "/orders", "k-9", "{}").await.status, 201);
+                assert!(post(s.addr, "/orders", "k-9", "{}").await.replayed());
+                assert_eq!(s.layer.purge(100).await.unwrap(), 0, "within the retention");
+                s.clock
+                    .advance(s.layer.retention_period() + Duration::from_secs(1));
+                assert_eq!(s.layer.purge(100).await.unwrap(), 1);
+                let again = post(s.addr, "/orders", "k-9", "{}").await;
+                assert!(!again.replayed());
+                assert_eq!(s.executions(), 2);
+            }
+
+            #[tokio::test]
+            async fn an_optional_key_may_be_left_out() {
+                let Some(s) = start().await else { return };
+                let no_key = [("content-type", &b"application/json"[..])];
+                assert_eq!(
+                    send(s.addr, "POST", "/optional", &no_key, "{}")
+                        .await
+                        .status,
+                    201
+                );
+                assert_eq!(
+                    send(s.addr, "POST", "/optional", &no_key, "{}")
+                        .await
+                        .status,
+                    201
+                );
+                assert_eq!(s.executions(), 2);
+                assert_eq!(s.effects().await, 2, "the handler's writes commit");
+                assert_eq!(s.records().await, 0);
+                assert!(post(s.addr, "/optional", "k-10", "{}").await.status == 201);
+                assert!(post(s.addr, "/optional", "k-10", "{}").await.replayed());
+            }
+        }
+    };
+}
+
+http_tests!(
+    sqlite_file,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    Some(common::sqlite_file(&format!("http-{}", common::next_id()), 4).await)
+);
+http_tests!(
+    postgres,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres(&format!("http_{}", common::next_id()), 8).await
+);
