@@ -44,10 +44,23 @@ pub async fn send(
     headers: &[(&str, &[u8])],
     body: &str,
 ) -> Reply {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    try_send(addr, method, path, headers, body).await.unwrap()
+}
+
+/// [`send`], or why no response came (the server went away).
+pub async fn try_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &str,
+) -> Result<Reply, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .unwrap();
+        .map_err(|e| e.to_string())?;
     tokio::spawn(connection);
     let mut request = Request::builder()
         .method(method)
@@ -62,20 +75,38 @@ pub async fn send(
     let request = request
         .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
         .unwrap();
-    let response = sender.send_request(request).await.unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply {
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
         status,
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    })
 }
 
 /// `POST path` with `Idempotency-Key: key` and a JSON body.
 pub async fn post(addr: SocketAddr, path: &str, key: &str, body: &str) -> Reply {
-    send(
+    try_post(addr, path, key, body).await.unwrap()
+}
+
+/// [`post`], or why no response came.
+pub async fn try_post(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> Result<Reply, String> {
+    try_send(
         addr,
         "POST",
         path,
