@@ -54,7 +54,7 @@ impl core::fmt::Display for KeyProblem {
                 "the Idempotency-Key has a character that is not visible ASCII at byte {position}"
             ),
             KeyProblem::MalformedString => f.write_str(
-                "the Idempotency-Key is not a valid Structured Field string: a quoted value must be one string, with only \\\" and \\\\ escaped",
+                "the Idempotency-Key is not a valid Structured Field string: a quoted key is one string, closed by a quote with nothing after it, in which only a quote or a backslash may be escaped",
             ),
         }
     }

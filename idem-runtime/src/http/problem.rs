@@ -5,6 +5,15 @@ use axum_core::body::Body;
 use http::{HeaderValue, Response, StatusCode, header};
 use std::time::Duration;
 
+/// The problem's JSON, in the RFC's order.
+#[derive(serde::Serialize)]
+struct Json<'a> {
+    r#type: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
 /// What the layer answers instead of running the handler.
 #[derive(Debug)]
 pub(crate) struct Problem {
@@ -28,13 +37,14 @@ impl Problem {
     }
 
     pub(crate) fn into_response(self) -> Response<Body> {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut response = Response::new(Body::from(body.to_string()));
+        let body = Json {
+            r#type: "about:blank",
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(

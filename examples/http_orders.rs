@@ -1,0 +1,296 @@
+//! An order service over HTTP whose POSTs are idempotent: `POST /orders` creates an order
+//! once per `Idempotency-Key`, `POST /orders/{id}/pay` pays it once (an `#[idempotent]`
+//! transition run in the request's transaction), and `GET /orders/{id}` reads it. The key
+//! record, the handler's writes and the stored response commit in one transaction.
+//!
+//! ```text
+//! cargo run --example http_orders                  # embedded SQLite, a fresh temp file
+//! cargo run --example http_orders -- --database-url postgres://postgres@127.0.0.1:5432/test
+//! cargo run --example http_orders -- --listen 127.0.0.1:8080
+//! ```
+//!
+//! Then, from another terminal (the README shows these with their answers):
+//!
+//! ```text
+//! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: "order-1"' \
+//!      -H 'Content-Type: application/json' -d '{"amount":1000}'
+//! ```
+//!
+//! `?delay_ms=N` on `POST /orders` makes the handler take N ms (at most 10 s), to see the
+//! 409 a repeat gets while the first request runs.
+//!
+//! On PostgreSQL everything lives in the schema `idem_http_example`, dropped and recreated
+//! at each start.
+
+use axum::extract::{Path, Query};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem::http::{IdempotencyLayer, Tx};
+use idem::inbox::Inbox;
+use idem::{Outcome, StateMachine, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::any::AnyPoolOptions;
+use sqlx::{Any, AnyConnection, AnyPool, Connection, Transaction};
+use std::error::Error;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const SCHEMA: &str = "idem_http_example";
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+#[derive(Deserialize)]
+struct NewOrder {
+    amount: i64,
+}
+
+#[derive(Deserialize)]
+struct Demo {
+    delay_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct OrderView {
+    order_id: i64,
+    amount: i64,
+    status: String,
+}
+
+/// What paying returns; stored with the transition, so a second payment of the order (under
+/// another key) gets this same receipt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Receipt {
+    order_id: i64,
+    payment_id: String,
+}
+
+/// An error as `application/problem+json`.
+fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
+    #[derive(Serialize)]
+    struct Problem {
+        r#type: &'static str,
+        title: &'static str,
+        status: u16,
+        detail: String,
+    }
+    let body = serde_json::to_string(&Problem {
+        r#type: "about:blank",
+        title: status.canonical_reason().unwrap_or_default(),
+        status: status.as_u16(),
+        detail: detail.into(),
+    })
+    .unwrap_or_default();
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body,
+    )
+        .into_response()
+}
+
+fn database(e: sqlx::Error) -> Response {
+    problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// `POST /orders`: one order per key.
+async fn create_order(
+    mut tx: Tx<Any>,
+    Query(demo): Query<Demo>,
+    Json(new): Json<NewOrder>,
+) -> Response {
+    if let Some(ms) = demo.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+    }
+    if new.amount <= 0 {
+        // Not stored: the handler answered without its transaction, so a corrected
+        // request may reuse the key.
+        return problem(StatusCode::UNPROCESSABLE_ENTITY, "amount must be positive");
+    }
+    let created = sqlx::query_scalar::<_, i64>(
+        "INSERT INTO orders (amount, status, version) VALUES ($1, 'CREATED', 0) RETURNING order_id",
+    )
+    .bind(new.amount)
+    .fetch_one(&mut **tx)
+    .await;
+    match created {
+        Ok(order_id) => (
+            StatusCode::CREATED,
+            [(header::LOCATION, format!("/orders/{order_id}"))],
+            Json(OrderView {
+                order_id,
+                amount: new.amount,
+                status: "CREATED".to_owned(),
+            }),
+        )
+            .into_response(),
+        Err(e) => database(e),
+    }
+}
+
+/// The payment: at most once per order, whatever the keys.
+#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay_order(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<Receipt, sqlx::Error> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let payment_id = format!("pay_{nanos:x}");
+    sqlx::query("INSERT INTO payments (order_id, payment_id) VALUES ($1, $2)")
+        .bind(order_id)
+        .bind(&payment_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Receipt {
+        order_id,
+        payment_id,
+    })
+}
+
+/// `POST /orders/{id}/pay`: an HTTP replay under the same key, an `AlreadyDone` under
+/// another.
+async fn pay(mut tx: Tx<Any>, Path(order_id): Path<i64>) -> Response {
+    match pay_order(&mut *tx, order_id).await {
+        Ok(Outcome::Applied(receipt)) => Json(receipt).into_response(),
+        Ok(Outcome::AlreadyDone { first_result, .. }) => Json(first_result).into_response(),
+        Ok(Outcome::NotFound) => problem(StatusCode::NOT_FOUND, format!("no order {order_id}")),
+        Ok(refused) => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("order {order_id} cannot be paid: {refused:?}"),
+        ),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// `GET /orders/{id}`.
+async fn show(
+    axum::extract::State(pool): axum::extract::State<AnyPool>,
+    Path(order_id): Path<i64>,
+) -> Response {
+    let row: Result<Option<(i64, String)>, _> =
+        sqlx::query_as("SELECT amount, status FROM orders WHERE order_id = $1")
+            .bind(order_id)
+            .fetch_optional(&pool)
+            .await;
+    match row {
+        Ok(Some((amount, status))) => Json(OrderView {
+            order_id,
+            amount,
+            status,
+        })
+        .into_response(),
+        Ok(None) => problem(StatusCode::NOT_FOUND, format!("no order {order_id}")),
+        Err(e) => database(e),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let (database_url, listen) = parse_args();
+    let (pool, backend) = connect(database_url).await?;
+    let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?);
+    keys.spawn_sweeper(Duration::from_secs(600))?;
+    let app = Router::new()
+        .route("/orders", post(create_order).layer(keys.clone()))
+        .route("/orders/{id}/pay", post(pay).layer(keys))
+        .route("/orders/{id}", get(show))
+        .with_state(pool);
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    println!(
+        "idem http_orders on {backend}: listening on http://{}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+fn parse_args() -> (Option<String>, String) {
+    let mut args = std::env::args().skip(1);
+    let (mut url, mut listen) = (None, "127.0.0.1:3000".to_owned());
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{name} needs a value")))
+        };
+        match arg.as_str() {
+            "--database-url" => url = Some(value("--database-url")),
+            "--listen" => listen = value("--listen"),
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    (url, listen)
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "{problem}\nusage: cargo run --example http_orders [-- --database-url postgres://USER@HOST/DB] [--listen HOST:PORT]"
+    );
+    std::process::exit(2)
+}
+
+/// A pool on a fresh database holding the example's tables; and a line saying which.
+async fn connect(database_url: Option<String>) -> Result<(AnyPool, String), Box<dyn Error>> {
+    sqlx::any::install_default_drivers();
+    let (url, backend) = match database_url {
+        None => {
+            let path = std::env::temp_dir().join("idem-http-example.db");
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            let url = format!("sqlite:{}?mode=rwc", path.display());
+            (url, format!("SQLite ({})", path.display()))
+        }
+        Some(url) if url.starts_with("postgres") => {
+            let mut admin = AnyConnection::connect(&url).await?;
+            sqlx::raw_sql(&format!(
+                "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}"
+            ))
+            .execute(&mut admin)
+            .await?;
+            admin.close().await?;
+            let separator = if url.contains('?') { '&' } else { '?' };
+            let url = format!("{url}{separator}options=-c%20search_path%3D{SCHEMA}");
+            (url, format!("PostgreSQL (schema {SCHEMA})"))
+        }
+        Some(url) => (url.clone(), url),
+    };
+    let postgres = url.starts_with("postgres");
+    let pool = AnyPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await?;
+    if !postgres {
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&pool)
+            .await?;
+    }
+    let id = if postgres {
+        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+    } else {
+        "INTEGER PRIMARY KEY"
+    };
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE orders (order_id {id}, amount BIGINT NOT NULL, status TEXT NOT NULL,
+                              version BIGINT NOT NULL DEFAULT 0);
+         CREATE TABLE payments (order_id BIGINT NOT NULL, payment_id TEXT NOT NULL);"
+    ))
+    .execute(&pool)
+    .await?;
+    idem::migrate(&pool).await?;
+    Ok((pool, backend))
+}
