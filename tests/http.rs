@@ -11,11 +11,11 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::routing::post as route_post;
 use http_client::{Reply, post, send, serve};
-use idem::http::{IdempotencyLayer, Tx};
+use idem::http::{IdempotencyLayer, RequestKey, Tx};
 use idem::inbox::{Inbox, ManualClock};
 use idem::{Outcome, StateMachine};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub struct NewOrder {
     pub amount: i64,
 }
 
+/// The leased route's lease.
+const LEASE: Duration = Duration::from_secs(30);
+
 fn is_problem(reply: &Reply, status: u16) -> bool {
     reply.status == status && reply.header("content-type") == Some("application/problem+json")
 }
@@ -43,9 +46,39 @@ macro_rules! http_tests {
 
             #[derive(Clone)]
             struct App {
+                pool: $pool,
                 executions: Arc<AtomicU64>,
                 /// `/slow` waits for a permit here before it answers.
                 gate: Arc<tokio::sync::Semaphore>,
+                /// `/charge`'s next call answers 500 (after its outside call).
+                fail_next: Arc<AtomicBool>,
+                /// `/charge`'s next call waits for a permit of `gate` before it answers.
+                hold_next: Arc<AtomicBool>,
+            }
+
+            /// A leased handler: it calls a service outside the database (here a table
+            /// written outside any transaction of idem's, standing for a payment API that
+            /// deduplicates by idempotency key), with the request's derived key.
+            async fn charge(
+                State(app): State<App>,
+                key: RequestKey,
+            ) -> (StatusCode, String) {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                sqlx::query(
+                    "INSERT INTO external_charges (idempotency_key, calls) VALUES ($1, 1) \
+                     ON CONFLICT (idempotency_key) DO UPDATE SET calls = external_charges.calls + 1",
+                )
+                .bind(key.derive("charge"))
+                .execute(&app.pool)
+                .await
+                .unwrap();
+                if app.hold_next.swap(false, Ordering::SeqCst) {
+                    app.gate.acquire().await.unwrap().forget();
+                }
+                if app.fail_next.swap(false, Ordering::SeqCst) {
+                    return (StatusCode::BAD_GATEWAY, format!("gateway down {n}"));
+                }
+                (StatusCode::CREATED, format!("charged {n}"))
             }
 
             async fn effect(tx: &mut Tx<$db>, n: u64, kind: &str) -> Result<(), StatusCode> {
@@ -174,9 +207,23 @@ macro_rules! http_tests {
                 let layer = IdempotencyLayer::new(pool.clone(), inbox.clone()).principal(tenant);
                 let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).max_request_body(64);
                 let optional = IdempotencyLayer::new(pool.clone(), inbox).required(false);
+                let leased = IdempotencyLayer::new(
+                    pool.clone(),
+                    Inbox::new("payments-api").unwrap().clock(clock.clone()),
+                )
+                .leased(LEASE);
+                sqlx::query(
+                    "CREATE TABLE external_charges (idempotency_key TEXT PRIMARY KEY, calls BIGINT NOT NULL)",
+                )
+                .execute(&pool)
+                .await
+                .unwrap();
                 let app = App {
+                    pool: pool.clone(),
                     executions: Arc::default(),
                     gate: Arc::new(tokio::sync::Semaphore::new(0)),
+                    fail_next: Arc::default(),
+                    hold_next: Arc::default(),
                 };
                 let router = Router::new()
                     .route("/orders", route_post(create).layer(layer.clone()))
@@ -186,6 +233,7 @@ macro_rules! http_tests {
                     .route("/fail", route_post(fail).layer(layer.clone()))
                     .route("/validated", route_post(validated).layer(layer.clone()))
                     .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
+                    .route("/charge", route_post(charge).layer(leased))
                     .with_state(app.clone());
                 // A second instance of the service on the same database: its own layer,
                 // so it knows nothing of the first's requests in flight.
@@ -443,6 +491,62 @@ macro_rules! http_tests {
                 let again = post(s.addr, "/orders", "k-9", "{}").await;
                 assert!(!again.replayed());
                 assert_eq!(s.executions(), 2);
+            }
+
+            async fn outside_calls(s: &Server) -> Vec<i64> {
+                sqlx::query_scalar("SELECT calls FROM external_charges")
+                    .fetch_all(&s.pool)
+                    .await
+                    .unwrap()
+            }
+
+            #[tokio::test]
+            async fn leased_a_repeat_is_replayed_and_the_outside_call_made_once() {
+                let Some(s) = start().await else { return };
+                let first = post(s.addr, "/charge", "c-1", "{}").await;
+                assert_eq!((first.status, first.body.as_str()), (201, "charged 1"));
+                let again = post(s.addr, "/charge", "c-1", "{}").await;
+                assert!(again.replayed(), "{again:?}");
+                assert_eq!(again.body, "charged 1");
+                assert!(is_problem(&post(s.addr, "/charge", "c-1", "{\"x\":1}").await, 422));
+                assert_eq!(outside_calls(&s).await, [1]);
+            }
+
+            #[tokio::test]
+            async fn leased_a_failed_attempt_runs_again_with_the_same_outside_key() {
+                let Some(s) = start().await else { return };
+                s.app.fail_next.store(true, Ordering::SeqCst);
+                let failed = post(s.addr, "/charge", "c-2", "{}").await;
+                assert_eq!((failed.status, failed.body.as_str()), (502, "gateway down 1"));
+                let retried = post(s.addr, "/charge", "c-2", "{}").await;
+                assert_eq!((retried.status, retried.body.as_str()), (201, "charged 2"));
+                assert!(!retried.replayed());
+                // One outside key for both attempts: the payment API saw the same charge twice.
+                assert_eq!(outside_calls(&s).await, [2]);
+                assert!(post(s.addr, "/charge", "c-2", "{}").await.replayed());
+            }
+
+            #[tokio::test]
+            async fn leased_a_repeat_waits_for_the_lease_then_takes_the_key_over() {
+                let Some(s) = start().await else { return };
+                s.app.hold_next.store(true, Ordering::SeqCst);
+                let first = tokio::spawn(post(s.addr, "/charge", "c-3", "{}"));
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let during = post(s.addr, "/charge", "c-3", "{}").await;
+                assert!(is_problem(&during, 409), "{during:?}");
+                assert_eq!(during.header("retry-after"), Some("30"), "the lease's end");
+                // The first request hangs past its lease: a repeat takes the key over.
+                s.clock.advance(LEASE + Duration::from_secs(1));
+                let taken = post(s.addr, "/charge", "c-3", "{}").await;
+                assert_eq!((taken.status, taken.body.as_str()), (201, "charged 2"));
+                s.app.gate.add_permits(1);
+                // The first one's response still reaches its client, but is not recorded.
+                assert_eq!(first.await.unwrap().body, "charged 1");
+                let replay = post(s.addr, "/charge", "c-3", "{}").await;
+                assert_eq!(replay.body, "charged 2");
+                assert_eq!(outside_calls(&s).await, [2], "one outside key throughout");
             }
 
             #[tokio::test]

@@ -100,7 +100,7 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for Tx<DB> {
         };
         let Some(slot) = parts.extensions.get::<Slot<DB>>().cloned() else {
             return Err(no_transaction(
-                "the route takes idem::http::Tx but is not behind idem's IdempotencyLayer for this database (or the request had no key on an optional route)",
+                "the route takes idem::http::Tx but is not behind idem's IdempotencyLayer in its transactional mode for this database",
             ));
         };
         let guard = slot.work.clone().lock_owned().await;
@@ -111,6 +111,55 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for Tx<DB> {
         Ok(Tx {
             guard,
             used: slot.used,
+        })
+    }
+}
+
+/// A deterministic key for the calls a request makes outside the database (a payment API,
+/// an e-mail service): the same for every retry of the request and for a repeat that takes
+/// its lease over, different for every principal and key, and not the client's key itself.
+/// An extractor, on every route behind the layer whose request has a key.
+///
+/// ```
+/// # fn charge(_: &str) {}
+/// async fn pay(key: idem::http::RequestKey) -> &'static str {
+///     charge(&key.derive("charge")); // pass it as the payment API's idempotency key
+///     "paid"
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestKey(pub(crate) String);
+
+impl RequestKey {
+    /// The request's record key: 64 hex digits.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A key for one of the request's outside calls, named by `purpose` (`"charge"`,
+    /// `"email"`): 64 hex digits, deterministic.
+    pub fn derive(&self, purpose: &str) -> String {
+        super::fingerprint::record_key(&self.0, purpose)
+    }
+}
+
+impl core::fmt::Display for RequestKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestKey {
+    type Rejection = Response<Body>;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<RequestKey>().cloned().ok_or_else(|| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "No idempotency key",
+                "the route takes idem::http::RequestKey but is not behind idem's IdempotencyLayer (or the request had no key on an optional route)",
+            )
+            .into_response()
         })
     }
 }

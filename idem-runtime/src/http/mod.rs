@@ -57,6 +57,12 @@
 //!    event stream is sent as it is and not kept: the record commits with the status and
 //!    headers, a repeat replays them with an empty body, and a warning is logged.
 //!
+//! **The leased mode** ([`IdempotencyLayer::leased`]) is for handlers that call something
+//! outside the database: the key is claimed with a lease in a transaction of its own, the
+//! handler runs without a [`Tx`] and passes [`RequestKey::derive`] to the outside call, and
+//! the response is recorded in a second transaction; a crashed request's key is taken over
+//! once its lease ends.
+//!
 //! **Retention.** Records are the inbox's: [`Inbox::purge`](crate::inbox::Inbox::purge) or
 //! [`IdempotencyLayer::spawn_sweeper`] delete those older than the retention (24 hours by
 //! default, [`IdempotencyLayer::retention`]) in bounded batches. A key reused after its record
@@ -70,7 +76,7 @@ mod problem;
 mod response;
 mod service;
 
-pub use extract::Tx;
+pub use extract::{RequestKey, Tx};
 pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
 pub use service::IdempotencyService;
@@ -105,6 +111,8 @@ pub(crate) struct Config<DB: Backend> {
     store_if: fn(StatusCode) -> bool,
     wait: Duration,
     retention: Duration,
+    /// The leased mode ([`IdempotencyLayer::leased`]).
+    leased: bool,
     in_flight: Arc<InFlight>,
 }
 
@@ -132,6 +140,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 store_if: |status| !status.is_server_error(),
                 wait: Duration::ZERO,
                 retention: DEFAULT_RETENTION,
+                leased: false,
                 in_flight: Arc::default(),
             },
         }
@@ -202,6 +211,23 @@ impl<DB: Backend> IdempotencyLayer<DB> {
         self
     }
 
+    /// The leased mode, for handlers that call something outside the database (a payment
+    /// API): the key is claimed as PROCESSING with a lease of `lease` in a short transaction
+    /// of its own, the handler runs (it has no [`Tx`]; it writes through the pool, and passes
+    /// [`RequestKey::derive`] to the outside call as its idempotency key), and its response is
+    /// recorded in a second transaction. A repeat while the lease lives gets a 409 whose
+    /// `Retry-After` is the lease's end; after it (the first request's process died, say) a
+    /// repeat takes the key over and runs the handler again, with the same derived key for
+    /// the outside call. A status the policy does not keep (a 5xx) is recorded as a failed
+    /// attempt: a repeat runs again, and after the inbox's
+    /// [`max_attempts`](Inbox::max_attempts) the key is parked (a 500 saying so). Every
+    /// response the policy keeps is stored, an extractor's rejection included.
+    pub fn leased(mut self, lease: Duration) -> Self {
+        self.config.inbox = self.config.inbox.clone().lease(lease);
+        self.config.leased = true;
+        self
+    }
+
     /// How long records are kept (by default 24 hours), for
     /// [`spawn_sweeper`](Self::spawn_sweeper) and [`purge`](Self::purge).
     pub fn retention(mut self, retention: Duration) -> Self {
@@ -260,6 +286,7 @@ impl<DB: Backend> Clone for Config<DB> {
             store_if: self.store_if,
             wait: self.wait,
             retention: self.retention,
+            leased: self.leased,
             in_flight: self.in_flight.clone(),
         }
     }

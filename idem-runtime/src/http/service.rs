@@ -3,7 +3,7 @@
 //! writes → the response sent.
 
 use super::Config;
-use super::extract::Slot;
+use super::extract::{RequestKey, Slot};
 use super::fingerprint::{fingerprint, record_key};
 use super::flight::Flight;
 use super::key::{KeyProblem, request_key};
@@ -12,7 +12,7 @@ use super::response::StoredResponse;
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::glue::codec;
-use crate::inbox::{Delivery, InboxPlan, InboxStage, MessageKey};
+use crate::inbox::{Claimed, Delivery, InboxPlan, InboxStage, MessageKey};
 use crate::stored::MAX_RESULT_LEN;
 use crate::work::{Begun, Entered, Plan, Staged, begin};
 use axum_core::body::Body;
@@ -25,7 +25,7 @@ use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tower_service::Service;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler.
@@ -113,22 +113,28 @@ where
     };
     let record = record_key(&scope, &key);
     // 64 hex characters: always a valid message key.
-    let Ok(message) = MessageKey::new(record.clone()) else {
+    let Ok(message) = MessageKey::new(record.as_str()) else {
         return Ok(server_error("the record key could not be formed"));
     };
+    let fingerprint = fingerprint(&parts, &config.compared_headers, &body);
+    let mut request = Request::from_parts(parts, Body::from(body));
+    request.extensions_mut().insert(RequestKey(record.clone()));
+    if config.leased {
+        // The claim commits at once: the database answers a repeat, and after the lease a
+        // repeat may take the key over (so no process-local hold on it).
+        return leased(config, inner, request, &message, fingerprint).await;
+    }
     // A repeat of a request still running in this process: answered at once, or after
     // waiting for it (bounded), without queueing for the database.
     let Some(flight) = config.in_flight.enter(&record, config.wait).await else {
         return Ok(in_progress(None));
     };
-    let fingerprint = fingerprint(&parts, &config.compared_headers, &body);
     // Waiting for the writer's turn (SQLite) is waiting for other keys: no limit. On
     // PostgreSQL a concurrent first request of this key (another process) holds its
     // record's row lock: wait for it as long as the layer waits.
     let stage = InboxStage::fingerprinted(&config.inbox, &message, fingerprint)
         .waiting(None, Some(config.wait.max(Duration::from_millis(50))));
     let plan = InboxPlan::new(stage, codec::<Result<StoredResponse, Infallible>>());
-    let request = Request::from_parts(parts, Body::from(body));
     run(config, inner, request, &plan, Some(flight)).await
 }
 
@@ -151,7 +157,7 @@ where
 {
     let work = match begin(&config.pool, plan).await {
         Begun::Run(work) => work,
-        Begun::Done(done) => return Ok(P::answer(done)),
+        Begun::Done(done) => return Ok(P::answer(done, config.inbox.now_millis())),
     };
     let held = work.held();
     let slot = Slot::new(work);
@@ -173,34 +179,13 @@ where
         drop(flight);
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
-    let keep = kept_length(&parts, &body, config.max_stored_body);
-    let (body, bytes) = if keep {
-        match body.collect().await {
-            Ok(collected) => {
-                let bytes = collected.to_bytes();
-                (Body::from(bytes.clone()), Some(bytes))
-            }
-            Err(_) => {
-                drop(work);
-                return Ok(server_error(
-                    "the handler's response body failed; nothing was committed",
-                ));
-            }
+    let (body, stored) = match kept(config, &parts, body).await {
+        Ok(kept) => kept,
+        Err(failed) => {
+            drop(work);
+            return Ok(failed);
         }
-    } else {
-        (Body::new(body), None)
     };
-    let mut stored = StoredResponse::of(&parts, &config.replayed_headers, bytes.as_ref());
-    if serde_json::to_string(&stored).is_ok_and(|json| json.len() > MAX_RESULT_LEN) {
-        stored = StoredResponse::of(&parts, &config.replayed_headers, None);
-    }
-    if bytes.is_none() {
-        tracing::warn!(
-            status = parts.status.as_u16(),
-            limit = config.max_stored_body,
-            "idem: the response body is streamed or larger than the layer keeps; a repeat replays its status and headers with an empty body"
-        );
-    }
     let finished = work.finish(plan, Ok::<_, Infallible>(stored)).await;
     drop(flight);
     match finished {
@@ -209,6 +194,115 @@ where
             tracing::error!(error = %e, "idem: the idempotent request's commit failed");
             Ok(server_error(
                 "the request's changes could not be committed; nothing was stored, retry with the same key",
+            ))
+        }
+    }
+}
+
+/// The response's body to send, and its stored form: with the body when it is kept, or
+/// without (streamed, or too large: logged). `Err`: the body failed while being read.
+async fn kept<DB: Backend, B>(
+    config: &Config<DB>,
+    parts: &http::response::Parts,
+    body: B,
+) -> Result<(Body, StoredResponse), Response<Body>>
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (body, bytes) = if kept_length(parts, &body, config.max_stored_body) {
+        match body.collect().await {
+            Ok(collected) => {
+                let bytes = collected.to_bytes();
+                (Body::from(bytes.clone()), Some(bytes))
+            }
+            Err(_) => {
+                return Err(server_error(
+                    "the handler's response body failed; nothing was kept",
+                ));
+            }
+        }
+    } else {
+        (Body::new(body), None)
+    };
+    let mut stored = StoredResponse::of(parts, &config.replayed_headers, bytes.as_ref());
+    let too_large = bytes.is_some()
+        && serde_json::to_string(&stored).is_ok_and(|json| json.len() > MAX_RESULT_LEN);
+    if too_large {
+        stored = StoredResponse::of(parts, &config.replayed_headers, None);
+    }
+    if bytes.is_none() || too_large {
+        tracing::warn!(
+            status = parts.status.as_u16(),
+            limit = config.max_stored_body,
+            "idem: the response body is streamed or larger than the layer keeps; a repeat replays its status and headers with an empty body"
+        );
+    }
+    Ok((body, stored))
+}
+
+/// The leased mode: the key is claimed as PROCESSING with a lease in a short transaction,
+/// the handler runs outside any transaction of idem's (it calls something outside the
+/// database), and its response is recorded in a second one.
+async fn leased<S, DB, ResBody>(
+    config: &Config<DB>,
+    mut inner: S,
+    request: Request<Body>,
+    message: &MessageKey,
+    fingerprint: String,
+) -> Result<Response<Body>, S::Error>
+where
+    DB: Backend,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send,
+    S::Future: Send,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let claimed = config
+        .inbox
+        .claim_fingerprinted::<DB, StoredResponse>(&config.pool, message, fingerprint)
+        .await;
+    let lease = match claimed {
+        Ok(Claimed::Work(lease)) => lease,
+        Ok(Claimed::Done(delivery)) => {
+            return Ok(delivered(Ok(delivery), config.inbox.now_millis()));
+        }
+        Err(e) => return Ok(database_error(&e)),
+    };
+    // If the handler fails or the process dies from here, the record stays PROCESSING
+    // until its lease ends; then a repeat takes it over.
+    let response = inner.call(request).await?;
+    let (parts, body) = response.into_parts();
+    if !(config.store_if)(parts.status) {
+        // A failed attempt: recorded as FAILED, so a repeat runs again (and after the
+        // inbox's last attempt the key is parked).
+        let failure = format!("the handler answered {}", parts.status);
+        if let Err(e) = lease
+            .complete(&config.pool, Err::<StoredResponse, _>(failure))
+            .await
+            && !matches!(e, Error::Handler(_))
+        {
+            tracing::error!(error = %e, "idem: a failed attempt could not be recorded");
+        }
+        return Ok(Response::from_parts(parts, Body::new(body)));
+    }
+    let (body, stored) = match kept(config, &parts, body).await {
+        Ok(kept) => kept,
+        Err(failed) => return Ok(failed),
+    };
+    let completed = lease.complete(&config.pool, Ok::<_, String>(stored)).await;
+    match completed {
+        Ok(_) => Ok(Response::from_parts(parts, body)),
+        Err(Error::LeaseLost { .. }) => {
+            // The lease ran out and a repeat took the key over: it runs the handler (with
+            // the same key for the outside call) and records its own response.
+            tracing::warn!("idem: the request outlived its lease; its response was not recorded");
+            Ok(Response::from_parts(parts, body))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "idem: the leased request's response could not be recorded");
+            Ok(server_error(
+                "the request ran, but its response could not be recorded; retry with the same key once its lease ends",
             ))
         }
     }
@@ -260,12 +354,25 @@ where
 
 /// How a plan's early end becomes a response.
 trait Answer<DB: Backend>: Plan<DB> {
-    fn answer(done: Result<Self::Reply, Error<Infallible>>) -> Response<Body>;
+    /// `now`: the inbox clock's time, for `Retry-After`.
+    fn answer(done: Result<Self::Reply, Error<Infallible>>, now: i64) -> Response<Body>;
 }
 
 impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
-    fn answer(done: Result<Delivery<StoredResponse>, Error<Infallible>>) -> Response<Body> {
-        match done {
+    fn answer(
+        done: Result<Delivery<StoredResponse>, Error<Infallible>>,
+        now: i64,
+    ) -> Response<Body> {
+        delivered(done, now)
+    }
+}
+
+/// The answer to a request whose key's record ended the call: a replay, a 422, a 409, …
+fn delivered(
+    done: Result<Delivery<StoredResponse>, Error<Infallible>>,
+    now: i64,
+) -> Response<Body> {
+    match done {
             Ok(Delivery::Duplicate {
                 first_result: Some(stored),
             }) => stored.replay().unwrap_or_else(|| {
@@ -277,7 +384,9 @@ impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
                 "this Idempotency-Key was used for a different request (method, path, body or compared headers); the first request's response stays. Send a new request with a new key",
             )
             .into_response(),
-            Ok(Delivery::InProgress { lease_until_millis }) => in_progress(lease_until_millis),
+            Ok(Delivery::InProgress { lease_until_millis }) => {
+            in_progress(lease_until_millis.map(|until| until.saturating_sub(now)))
+        }
             Ok(Delivery::Dead { attempts, .. }) => server_error(&format!(
                 "the request with this key failed on each of its {attempts} attempts and is parked; use a new key"
             )),
@@ -287,7 +396,6 @@ impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
             Ok(Delivery::Refused(never)) => match never {},
             Err(e) => database_error(&e),
         }
-    }
 }
 
 /// The plan of a request without a key on a route where it is optional: no stage, only
@@ -323,7 +431,7 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
 }
 
 impl<DB: Backend> Answer<DB> for Unrecorded {
-    fn answer(done: Result<(), Error<Infallible>>) -> Response<Body> {
+    fn answer(done: Result<(), Error<Infallible>>, _: i64) -> Response<Body> {
         match done {
             Ok(()) => server_error("a request without a key ended before its handler"),
             Err(e) => database_error(&e),
@@ -340,12 +448,11 @@ fn bad_key(problem: &KeyProblem) -> Response<Body> {
     .into_response()
 }
 
-fn in_progress(lease_until_millis: Option<i64>) -> Response<Body> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let after = lease_until_millis
-        .map(|until| Duration::from_millis(until.saturating_sub(now).max(0) as u64))
+/// A 409: the key's first request still runs; retry after `remaining_millis` (its lease),
+/// or in a second when that is not known.
+fn in_progress(remaining_millis: Option<i64>) -> Response<Body> {
+    let after = remaining_millis
+        .map(|ms| Duration::from_millis(ms.max(0) as u64))
         .unwrap_or(Duration::from_secs(1));
     let mut problem = Problem::new(
         StatusCode::CONFLICT,

@@ -235,6 +235,12 @@ impl Inbox {
         &self.group
     }
 
+    /// The inbox clock's time, in milliseconds since the epoch.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn now_millis(&self) -> i64 {
+        self.clock.now_millis()
+    }
+
     /// What this inbox (and its clones) did so far.
     pub fn counters(&self) -> InboxCounters {
         self.counters.read()
@@ -315,10 +321,21 @@ impl Inbox {
         key: &MessageKey,
         payload: &[u8],
     ) -> Result<Claimed<T>, Error<Infallible>> {
+        self.claim_fingerprinted(pool, key, fingerprint(payload))
+            .await
+    }
+
+    /// [`claim`](Self::claim), with a fingerprint computed by the caller.
+    pub(crate) async fn claim_fingerprinted<DB: Backend, T: Serialize + DeserializeOwned>(
+        &self,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+        fingerprint: String,
+    ) -> Result<Claimed<T>, Error<Infallible>> {
         let plan = leased::ClaimPlan {
             inbox: self,
             key,
-            fingerprint: fingerprint(payload),
+            fingerprint,
             codec: codec::<Result<T, Infallible>>(),
         };
         stages_only(pool, &plan).await.map(|claim| claim.claimed)
