@@ -335,9 +335,9 @@ macro_rules! http_tests {
             }
 
             /// Another instance cannot see this one's requests in flight; the database
-            /// decides. PostgreSQL: the repeat's record waits on the first's row lock, then
-            /// gives up with a 409. SQLite: the repeat waits for the database's writer, then
-            /// finds the first's record and replays it.
+            /// decides. PostgreSQL: the repeat finds the key's advisory lock held and is a
+            /// 409 at once. SQLite: the repeat waits for the database's writer, then finds
+            /// the first's record and replays it.
             #[tokio::test]
             async fn a_repeat_through_another_instance_never_runs_twice() {
                 let Some(s) = start().await else { return };

@@ -5,6 +5,8 @@
 //! One test in its own binary: the log is process-wide.
 
 mod common;
+#[path = "common/http_client.rs"]
+mod http_client;
 #[path = "common/statement_log.rs"]
 mod statement_log;
 
@@ -250,4 +252,73 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         assert_eq!(inside_transaction(&log), expected, "full log: {log:#?}");
     }
     idem::set_postgres_classification(idem::Classification::Adaptive);
+
+    // An idempotent HTTP request: its key record, the handler's statement, the stored
+    // response, in one transaction, as a hand-written key table would take; a repeat reads
+    // the record and ends.
+    let sqlite = common::sqlite_file("statements-http", 2).await;
+    idem::migrate(&sqlite).await.unwrap();
+    let addr = http_server(
+        sqlite.clone(),
+        axum::routing::post(async |mut tx: idem::http::Tx<sqlx::Sqlite>| {
+            sqlx::query(BODY)
+                .bind(1i64)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+            "done"
+        }),
+    )
+    .await;
+    http_statements(addr).await;
+    idem::migrate(&pool).await.unwrap();
+    let addr = http_server(
+        pool.clone(),
+        axum::routing::post(async |mut tx: idem::http::Tx<sqlx::Postgres>| {
+            sqlx::query(BODY)
+                .bind(1i64)
+                .execute(&mut **tx)
+                .await
+                .unwrap();
+            "done"
+        }),
+    )
+    .await;
+    http_statements(addr).await;
+}
+
+async fn http_server<DB: idem::Backend>(
+    pool: sqlx::Pool<DB>,
+    route: axum::routing::MethodRouter,
+) -> std::net::SocketAddr {
+    let layer = idem::http::IdempotencyLayer::new(pool, idem::inbox::Inbox::new("api").unwrap());
+    http_client::serve(axum::Router::new().route("/orders", route.layer(layer))).await
+}
+
+async fn http_statements(addr: std::net::SocketAddr) {
+    take_log();
+    let first = http_client::post(addr, "/orders", "k", "{}").await;
+    assert_eq!((first.status, first.body.as_str()), (200, "done"));
+    let log = take_log();
+    let inside = inside_transaction(&log);
+    assert_eq!(inside.len(), 3, "full log: {log:#?}");
+    assert!(inside[0].starts_with("INSERT INTO idem_inbox"), "{log:#?}");
+    assert_eq!(inside[1], BODY);
+    assert!(
+        inside[2].starts_with("UPDATE idem_inbox SET result"),
+        "{log:#?}"
+    );
+    let again = http_client::post(addr, "/orders", "k", "{}").await;
+    assert!(again.replayed());
+    let log = take_log();
+    let inside = inside_transaction(&log);
+    assert_eq!(
+        inside.len(),
+        2,
+        "the insert, and the record's read: {log:#?}"
+    );
+    assert!(
+        inside[1].starts_with("SELECT status, fingerprint"),
+        "{log:#?}"
+    );
 }

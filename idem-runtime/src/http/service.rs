@@ -130,10 +130,9 @@ where
         return Ok(in_progress(None));
     };
     // Waiting for the writer's turn (SQLite) is waiting for other keys: no limit. On
-    // PostgreSQL a concurrent first request of this key (another process) holds its
-    // record's row lock: wait for it as long as the layer waits.
-    let stage = InboxStage::fingerprinted(&config.inbox, &message, fingerprint)
-        .waiting(None, Some(config.wait.max(Duration::from_millis(50))));
+    // PostgreSQL a first request of this key still running in another process makes this
+    // one in progress at once (a 409), without waiting for it.
+    let stage = InboxStage::fingerprinted(&config.inbox, &message, fingerprint).unblocked();
     let plan = InboxPlan::new(stage, codec::<Result<StoredResponse, Infallible>>());
     run(config, inner, request, &plan, Some(flight)).await
 }

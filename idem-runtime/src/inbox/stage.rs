@@ -25,6 +25,9 @@ pub struct InboxStage {
     /// How long the record's insert waits for a concurrent delivery of the same key to end
     /// (PostgreSQL's `lock_timeout`) before giving up as in progress.
     lock_timeout: Option<Duration>,
+    /// PostgreSQL: a concurrent delivery of the same key is in progress at once, without
+    /// waiting for it (see [`sql::INSERT_UNLESS_BUSY`]).
+    unblocked: bool,
 }
 
 /// A delivery recorded in the open transaction, waiting for the handler's result.
@@ -49,20 +52,19 @@ impl InboxStage {
             fingerprint,
             patience: inbox.lock_timeout,
             lock_timeout: inbox.lock_timeout,
+            unblocked: false,
         }
     }
 
-    /// Waits differently from the inbox's lock timeout: `patience` for the SQLite writer's
-    /// turn, `lock_timeout` for a concurrent delivery of the same key on PostgreSQL.
+    /// Waits for the SQLite writer's turn without limit (it is shared by every key), and
+    /// on PostgreSQL does not wait for a concurrent delivery of the same key at all: it is
+    /// in progress at once, with no statement spent on lock timeouts.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn waiting(
-        self,
-        patience: Option<Duration>,
-        lock_timeout: Option<Duration>,
-    ) -> Self {
+    pub(crate) fn unblocked(self) -> Self {
         InboxStage {
-            patience,
-            lock_timeout,
+            patience: None,
+            lock_timeout: None,
+            unblocked: true,
             ..self
         }
     }
@@ -111,17 +113,30 @@ impl InboxStage {
             Param::Null,
             Param::Int(now),
         ];
-        let inserted = match DB::execute(conn, sql::INSERT, &insert).await {
+        let unblocked = self.unblocked && postgres;
+        let statement = if unblocked {
+            sql::INSERT_UNLESS_BUSY
+        } else {
+            sql::INSERT
+        };
+        let inserted = match DB::execute(conn, statement, &insert).await {
             Ok(n) => n,
             Err(e) if lock_not_available(&e) => return Ok(Err(inbox.in_progress(None))),
             Err(e) => return Err(e.into()),
         };
         let mut took_over = false;
         if inserted != 1 {
-            match inbox
-                .found::<DB>(conn, &self.key, &self.fingerprint)
-                .await?
-            {
+            let found = inbox
+                .found_if_any::<DB>(conn, &self.key, &self.fingerprint)
+                .await?;
+            let found = match found {
+                Some(found) => found,
+                // Not inserted, and no record: the insert found the key's advisory lock
+                // held, by a delivery still working on it.
+                None if unblocked => return Ok(Err(inbox.in_progress(None))),
+                None => return Err(inbox.vanished(&self.key)),
+            };
+            match found {
                 Found::Retry { attempts, takeover } => {
                     let params = [
                         group,
@@ -407,15 +422,32 @@ impl Inbox {
         key: &MessageKey,
         fingerprint: &str,
     ) -> Result<Found, Error<Infallible>> {
+        match self.found_if_any::<DB>(conn, key, fingerprint).await? {
+            Some(found) => Ok(found),
+            None => Err(self.vanished(key)),
+        }
+    }
+
+    /// Inserted by nobody, yet the insert conflicted: the record was purged between the
+    /// two statements. Reported rather than guessed at.
+    pub(crate) fn vanished<E>(&self, key: &MessageKey) -> Error<E> {
+        self.corrupt(key, "the record vanished during the delivery")
+    }
+
+    /// The key's record, classified, if there is one (committed, or this transaction's).
+    pub(crate) async fn found_if_any<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &MessageKey,
+        fingerprint: &str,
+    ) -> Result<Option<Found>, Error<Infallible>> {
         let statement = match DB::dialect(conn) {
             Dialect::Postgres => sql::SELECT_FOR_UPDATE,
             Dialect::Sqlite => sql::SELECT,
         };
         let params = [Param::Text(&self.group), Param::Text(key.as_str())];
         let Some(mut row) = DB::fetch(conn, statement, &params).await? else {
-            // Inserted by nobody, yet the insert conflicted: the record was purged between
-            // the two statements. Report it rather than guess.
-            return Err(self.corrupt(key, "the record vanished during the delivery"));
+            return Ok(None);
         };
         let stored = Stored {
             status: row.take_text("status").unwrap_or_default(),
@@ -425,10 +457,10 @@ impl Inbox {
             error: row.take_text("error"),
             lease_until: row.int("lease_until"),
         };
-        Ok(record::classify(
+        Ok(Some(record::classify(
             stored,
             fingerprint,
             self.clock.now_millis(),
-        ))
+        )))
     }
 }
