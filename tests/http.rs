@@ -112,6 +112,11 @@ macro_rules! http_tests {
                 Ok(format!("slow {n}"))
             }
 
+            /// Takes its transaction twice: refused, never a wait for itself.
+            async fn twice(_first: Tx<$db>, _second: Tx<$db>) -> &'static str {
+                "unreachable"
+            }
+
             async fn fail(State(app): State<App>, mut tx: Tx<$db>) -> (StatusCode, String) {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 let _ = effect(&mut tx, n, "fail").await;
@@ -230,6 +235,14 @@ macro_rules! http_tests {
                     .route("/small", route_post(create).layer(small))
                     .route("/optional", route_post(create).layer(optional))
                     .route("/slow", route_post(slow).layer(layer.clone()))
+                    .route(
+                        "/slow-waiting",
+                        route_post(slow).layer(
+                            IdempotencyLayer::new(pool.clone(), inbox_of(&clock))
+                                .wait(Duration::from_secs(10)),
+                        ),
+                    )
+                    .route("/twice", route_post(twice).layer(layer.clone()))
                     .route("/fail", route_post(fail).layer(layer.clone()))
                     .route("/validated", route_post(validated).layer(layer.clone()))
                     .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
@@ -363,6 +376,37 @@ macro_rules! http_tests {
                 }
                 assert!(post(s.other_addr, "/slow", "k-11", "{}").await.replayed());
                 assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test]
+            async fn with_wait_a_repeat_waits_for_the_first_and_gets_its_response() {
+                let Some(s) = start().await else { return };
+                let first = tokio::spawn(post(s.addr, "/slow-waiting", "k-12", "{}"));
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let repeat = tokio::spawn(post(s.addr, "/slow-waiting", "k-12", "{}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert!(!repeat.is_finished(), "the repeat waits");
+                s.app.gate.add_permits(1);
+                assert_eq!(first.await.unwrap().body, "slow 1");
+                let repeat = repeat.await.unwrap();
+                assert!(repeat.replayed(), "{repeat:?}");
+                assert_eq!(repeat.body, "slow 1");
+                assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test]
+            async fn a_transaction_taken_twice_is_refused_not_waited_for() {
+                let Some(s) = start().await else { return };
+                let reply = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    post(s.addr, "/twice", "k-13", "{}"),
+                )
+                .await
+                .expect("the request must not hang");
+                assert!(is_problem(&reply, 500), "{reply:?}");
+                assert!(reply.body.contains("twice"), "{reply:?}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -103,7 +103,11 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for Tx<DB> {
                 "the route takes idem::http::Tx but is not behind idem's IdempotencyLayer in its transactional mode for this database",
             ));
         };
-        let guard = slot.work.clone().lock_owned().await;
+        // Never wait for the slot: its only other holder is this handler's own first `Tx`.
+        let guard =
+            slot.work.clone().try_lock_owned().map_err(|_| {
+                no_transaction("the handler takes idem::http::Tx twice; take it once")
+            })?;
         let guard = tokio::sync::OwnedMutexGuard::try_map(guard, |work| {
             work.as_mut().map(Work::transaction)
         })
