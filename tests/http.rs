@@ -112,6 +112,20 @@ macro_rules! http_tests {
                 Ok(format!("slow {n}"))
             }
 
+            /// A response larger than the layer keeps (256 KiB by default).
+            async fn big(State(app): State<App>, mut tx: Tx<$db>) -> Result<(StatusCode, String), StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                effect(&mut tx, n, "big").await?;
+                Ok((StatusCode::CREATED, "x".repeat(300 * 1024)))
+            }
+
+            /// An event stream: passed through, never kept.
+            async fn events(State(app): State<App>, mut tx: Tx<$db>) -> Result<([(header::HeaderName, &'static str); 1], String), StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                effect(&mut tx, n, "events").await?;
+                Ok(([(header::CONTENT_TYPE, "text/event-stream")], format!("data: {n}\n\n")))
+            }
+
             /// Takes its transaction twice: refused, never a wait for itself.
             async fn twice(_first: Tx<$db>, _second: Tx<$db>) -> &'static str {
                 "unreachable"
@@ -243,6 +257,8 @@ macro_rules! http_tests {
                         ),
                     )
                     .route("/twice", route_post(twice).layer(layer.clone()))
+                    .route("/big", route_post(big).layer(layer.clone()))
+                    .route("/events", route_post(events).layer(layer.clone()))
                     .route("/fail", route_post(fail).layer(layer.clone()))
                     .route("/validated", route_post(validated).layer(layer.clone()))
                     .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
@@ -394,6 +410,27 @@ macro_rules! http_tests {
                 assert!(repeat.replayed(), "{repeat:?}");
                 assert_eq!(repeat.body, "slow 1");
                 assert_eq!(s.executions(), 1);
+            }
+
+            /// Too large to keep, or streamed: sent whole the first time; the record keeps
+            /// the status and headers, and a repeat gets them with an empty body, never a
+            /// second run.
+            #[tokio::test]
+            async fn large_and_streamed_responses_are_sent_but_not_kept() {
+                let Some(s) = start().await else { return };
+                let first = post(s.addr, "/big", "k-14", "{}").await;
+                assert_eq!((first.status, first.body.len()), (201, 300 * 1024));
+                let again = post(s.addr, "/big", "k-14", "{}").await;
+                assert!(again.replayed(), "{again:?}");
+                assert_eq!((again.status, again.body.as_str()), (201, ""));
+                let stream = post(s.addr, "/events", "k-15", "{}").await;
+                assert_eq!((stream.status, stream.body.as_str()), (200, "data: 2\n\n"));
+                let again = post(s.addr, "/events", "k-15", "{}").await;
+                assert!(again.replayed(), "{again:?}");
+                assert_eq!(again.header("content-type"), Some("text/event-stream"));
+                assert_eq!(again.body, "");
+                assert_eq!(s.executions(), 2);
+                assert_eq!(s.effects().await, 2);
             }
 
             #[tokio::test]

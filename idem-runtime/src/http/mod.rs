@@ -28,7 +28,8 @@
 //!
 //! 1. **The key.** `Idempotency-Key` must be one Structured Field string
 //!    (`"8e03978e-…"`) or a bare token (`8e03978e-…`, accepted as the same key, since most
-//!    clients send one), 1–255 characters of visible ASCII. Missing (on a route that requires
+//!    clients send one), 1–255 characters after unquoting (visible ASCII in a bare token,
+//!    printable ASCII between quotes). Missing (on a route that requires
 //!    it, the default), repeated or malformed: **400**, `application/problem+json`, nothing
 //!    runs or is stored.
 //! 2. **The body** is read, up to [`IdempotencyLayer::max_request_body`] (1 MiB by default;
