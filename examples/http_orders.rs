@@ -2,6 +2,8 @@
 //! once per `Idempotency-Key`, `POST /orders/{id}/pay` pays it once (an `#[idempotent]`
 //! transition run in the request's transaction), and `GET /orders/{id}` reads it. The key
 //! record, the handler's writes and the stored response commit in one transaction.
+//! `GET /orders/new` serves an HTML form with a one-time token; its submit
+//! (`POST /orders/form`) creates the order once, however often it is sent.
 //!
 //! ```text
 //! cargo run --example http_orders                  # embedded SQLite, a fresh temp file
@@ -22,12 +24,12 @@
 //! On PostgreSQL everything lives in the schema `idem_http_example`, dropped and recreated
 //! at each start.
 
-use axum::extract::{Path, Query};
+use axum::extract::{Form, Path, Query};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{IdempotencyLayer, Tx};
+use idem::http::{FormTokens, IdempotencyLayer, Tx};
 use idem::inbox::Inbox;
 use idem::{Outcome, StateMachine, idempotent};
 use serde::{Deserialize, Serialize};
@@ -144,6 +146,40 @@ async fn create_order(
     }
 }
 
+/// `GET /orders/new`: a form whose token makes its submit run once.
+async fn new_order_form(
+    axum::extract::State(tokens): axum::extract::State<FormTokens>,
+) -> Response {
+    let token = tokens.issue();
+    axum::response::Html(format!(
+        "<form method=\"post\" action=\"/orders/form\">\n\
+         <input name=\"amount\" value=\"1000\">\n\
+         <input type=\"hidden\" name=\"{field}\" value=\"{token}\">\n\
+         <button>Order</button>\n\
+         </form>\n",
+        field = tokens.field_name()
+    ))
+    .into_response()
+}
+
+/// `POST /orders/form`: the form's submit.
+async fn submit_order_form(mut tx: Tx<Any>, Form(new): Form<NewOrder>) -> Response {
+    let created = sqlx::query_scalar::<_, i64>(
+        "INSERT INTO orders (amount, status, version) VALUES ($1, 'CREATED', 0) RETURNING order_id",
+    )
+    .bind(new.amount)
+    .fetch_one(&mut **tx)
+    .await;
+    match created {
+        Ok(order_id) => (
+            StatusCode::CREATED,
+            axum::response::Html(format!("<p>Order {order_id} created.</p>\n")),
+        )
+            .into_response(),
+        Err(e) => database(e),
+    }
+}
+
 /// The payment: at most once per order, whatever the keys.
 #[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
 async fn pay_order(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<Receipt, sqlx::Error> {
@@ -205,11 +241,25 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let (pool, backend) = connect(database_url).await?;
     let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?);
     keys.spawn_sweeper(Duration::from_secs(600))?;
+    // One-time form tokens: signed, valid for an hour (within the 24 h retention). A real
+    // service reads its secret from its configuration, the same on every instance.
+    let tokens = FormTokens::new(
+        b"example secret: read it from your configuration",
+        Duration::from_secs(3600),
+    );
+    let forms = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-forms")?)
+        .form_tokens(tokens.clone())
+        .wait(Duration::from_secs(10));
+    let form_routes = Router::new()
+        .route("/orders/new", get(new_order_form))
+        .with_state(tokens);
     let app = Router::new()
         .route("/orders", post(create_order).layer(keys.clone()))
+        .route("/orders/form", post(submit_order_form).layer(forms))
         .route("/orders/{id}/pay", post(pay).layer(keys))
         .route("/orders/{id}", get(show))
-        .with_state(pool);
+        .with_state(pool)
+        .merge(form_routes);
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!(
         "idem http_orders on {backend}: listening on http://{}",

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::routing::post as route_post;
 use http_client::{Reply, post, send, serve};
-use idem::http::{IdempotencyLayer, RequestKey, Tx};
+use idem::http::{FormTokens, IdempotencyLayer, RequestKey, Tx};
 use idem::inbox::{Inbox, ManualClock};
 use idem::{Outcome, StateMachine};
 use std::sync::Arc;
@@ -178,6 +178,7 @@ macro_rules! http_tests {
                 app: App,
                 clock: ManualClock,
                 layer: IdempotencyLayer<$db>,
+                tokens: FormTokens,
             }
 
             impl Server {
@@ -226,6 +227,8 @@ macro_rules! http_tests {
                 let layer = IdempotencyLayer::new(pool.clone(), inbox.clone()).principal(tenant);
                 let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).max_request_body(64);
                 let optional = IdempotencyLayer::new(pool.clone(), inbox).required(false);
+                let tokens = FormTokens::new(b"the form secret of this test....", Duration::from_secs(3600))
+                    .clock(clock.clone());
                 let leased = IdempotencyLayer::new(
                     pool.clone(),
                     Inbox::new("payments-api").unwrap().clock(clock.clone()),
@@ -257,6 +260,14 @@ macro_rules! http_tests {
                         ),
                     )
                     .route("/twice", route_post(twice).layer(layer.clone()))
+                    .route(
+                        "/form",
+                        route_post(create).layer(
+                            IdempotencyLayer::new(pool.clone(), inbox_of(&clock))
+                                .form_tokens(tokens.clone())
+                                .wait(Duration::from_secs(10)),
+                        ),
+                    )
                     .route("/big", route_post(big).layer(layer.clone()))
                     .route("/events", route_post(events).layer(layer.clone()))
                     .route("/fail", route_post(fail).layer(layer.clone()))
@@ -282,6 +293,7 @@ macro_rules! http_tests {
                     app,
                     clock,
                     layer,
+                    tokens,
                 })
             }
 
@@ -431,6 +443,56 @@ macro_rules! http_tests {
                 assert_eq!(again.body, "");
                 assert_eq!(s.executions(), 2);
                 assert_eq!(s.effects().await, 2);
+            }
+
+            async fn submit(addr: std::net::SocketAddr, form: &str) -> Reply {
+                send(
+                    addr,
+                    "POST",
+                    "/form",
+                    &[("content-type", b"application/x-www-form-urlencoded")],
+                    form,
+                )
+                .await
+            }
+
+            #[tokio::test]
+            async fn a_form_submitted_twice_runs_once() {
+                let Some(s) = start().await else { return };
+                let token = s.tokens.issue();
+                let form = format!("amount=5&idem_token={token}");
+                // A double click: both submits at once; the second waits for the first.
+                let (a, b) = tokio::join!(submit(s.addr, &form), submit(s.addr, &form));
+                assert_eq!((a.status, b.status), (201, 201), "{a:?} {b:?}");
+                assert_eq!(a.body, b.body);
+                assert!(a.replayed() != b.replayed(), "one ran, one was replayed");
+                assert!(submit(s.addr, &form).await.replayed());
+                assert_eq!(s.executions(), 1);
+                assert_eq!(s.effects().await, 1);
+                // Another form, another token: runs.
+                let other = format!("amount=5&idem_token={}", s.tokens.issue());
+                assert!(!submit(s.addr, &other).await.replayed());
+                assert_eq!(s.executions(), 2);
+            }
+
+            #[tokio::test]
+            async fn forged_expired_and_missing_form_tokens_are_refused() {
+                let Some(s) = start().await else { return };
+                let token = s.tokens.issue();
+                let forged = FormTokens::new(b"not the secret", Duration::from_secs(3600)).issue();
+                for form in [
+                    format!("amount=5&idem_token={forged}"),
+                    "amount=5&idem_token=hello".to_owned(),
+                    "amount=5".to_owned(),
+                ] {
+                    let reply = submit(s.addr, &form).await;
+                    assert!(is_problem(&reply, 400), "{form}: {reply:?}");
+                }
+                s.clock.advance(Duration::from_secs(3601));
+                let expired = submit(s.addr, &format!("amount=5&idem_token={token}")).await;
+                assert!(is_problem(&expired, 400), "{expired:?}");
+                assert!(expired.body.contains("expired"), "{expired:?}");
+                assert_eq!(s.executions(), 0);
             }
 
             #[tokio::test]

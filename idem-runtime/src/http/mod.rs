@@ -64,6 +64,9 @@
 //! the response is recorded in a second transaction; a crashed request's key is taken over
 //! once its lease ends.
 //!
+//! **One-time form tokens** ([`FormTokens`], [`IdempotencyLayer::form_tokens`]): the server
+//! issues a signed, expiring token with each form, and its submit uses it as the key.
+//!
 //! **Retention.** Records are the inbox's: [`Inbox::purge`](crate::inbox::Inbox::purge) or
 //! [`IdempotencyLayer::spawn_sweeper`] delete those older than the retention (24 hours by
 //! default, [`IdempotencyLayer::retention`]) in bounded batches. A key reused after its record
@@ -76,11 +79,13 @@ mod key;
 mod problem;
 mod response;
 mod service;
+mod token;
 
 pub use extract::{RequestKey, Tx};
 pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
 pub use service::IdempotencyService;
+pub use token::{FormTokens, TokenProblem};
 
 use crate::backend::Backend;
 use crate::inbox::Inbox;
@@ -114,6 +119,8 @@ pub(crate) struct Config<DB: Backend> {
     retention: Duration,
     /// The leased mode ([`IdempotencyLayer::leased`]).
     leased: bool,
+    /// One-time form tokens ([`IdempotencyLayer::form_tokens`]).
+    tokens: Option<FormTokens>,
     in_flight: Arc<InFlight>,
 }
 
@@ -142,6 +149,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 wait: Duration::ZERO,
                 retention: DEFAULT_RETENTION,
                 leased: false,
+                tokens: None,
                 in_flight: Arc::default(),
             },
         }
@@ -229,6 +237,18 @@ impl<DB: Backend> IdempotencyLayer<DB> {
         self
     }
 
+    /// One-time form tokens: the route's key is a token issued by `tokens` with the form
+    /// ([`FormTokens::issue`]), sent back in the form's field ([`FormTokens::field`],
+    /// `idem_token` by default, in an `application/x-www-form-urlencoded` body) or as the
+    /// `Idempotency-Key`. A forged or expired token is a 400 and nothing runs; a valid one is
+    /// the request's key, so the submit is consumed by the record's insert: a double submit
+    /// runs once and the second gets the first response (with [`wait`](Self::wait), also
+    /// when it arrives while the first still runs, as a double click does).
+    pub fn form_tokens(mut self, tokens: FormTokens) -> Self {
+        self.config.tokens = Some(tokens);
+        self
+    }
+
     /// How long records are kept (by default 24 hours), for
     /// [`spawn_sweeper`](Self::spawn_sweeper) and [`purge`](Self::purge).
     pub fn retention(mut self, retention: Duration) -> Self {
@@ -288,6 +308,7 @@ impl<DB: Backend> Clone for Config<DB> {
             wait: self.wait,
             retention: self.retention,
             leased: self.leased,
+            tokens: self.tokens.clone(),
             in_flight: self.in_flight.clone(),
         }
     }

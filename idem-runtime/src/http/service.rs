@@ -9,6 +9,7 @@ use super::flight::Flight;
 use super::key::{KeyProblem, request_key};
 use super::problem::Problem;
 use super::response::StoredResponse;
+use super::token::form_field;
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::glue::codec;
@@ -89,17 +90,19 @@ where
     ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (parts, body) = request.into_parts();
-    let key = match request_key(&parts.headers) {
-        Ok(Some(key)) => key,
-        Ok(None) if config.required => return Ok(bad_key(&KeyProblem::Missing)),
-        Ok(None) => {
-            // No key on a route where it is optional: the handler still gets its
-            // transaction, and nothing is recorded.
-            let request = Request::from_parts(parts, Body::new(body));
-            return run(config, inner, request, &Unrecorded, None).await;
-        }
+    let header_key = match request_key(&parts.headers) {
+        Ok(key) => key,
         Err(problem) => return Ok(bad_key(&problem)),
     };
+    if header_key.is_none() && config.tokens.is_none() {
+        if config.required {
+            return Ok(bad_key(&KeyProblem::Missing));
+        }
+        // No key on a route where it is optional: the handler still gets its
+        // transaction, and nothing is recorded.
+        let request = Request::from_parts(parts, Body::new(body));
+        return run(config, inner, request, &Unrecorded, None).await;
+    }
     let scope = match &config.principal {
         Some(principal) => match principal(&parts) {
             Ok(scope) => scope,
@@ -111,6 +114,32 @@ where
         Ok(body) => body,
         Err(problem) => return Ok(problem.into_response()),
     };
+    // A form's token, in its body when it is not in the header.
+    let form_key = || {
+        let tokens = config.tokens.as_ref()?;
+        let form = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+        form.then(|| form_field(&body, tokens.field_name()))
+            .flatten()
+    };
+    let Some(key) = header_key.or_else(form_key) else {
+        if config.required {
+            return Ok(bad_key(&KeyProblem::Missing));
+        }
+        let request = Request::from_parts(parts, Body::from(body));
+        return run(config, inner, request, &Unrecorded, None).await;
+    };
+    if let Some(Err(problem)) = config.tokens.as_ref().map(|tokens| tokens.check(&key)) {
+        return Ok(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "Invalid form token",
+            problem.to_string(),
+        )
+        .into_response());
+    }
     let record = record_key(&scope, &key);
     // 64 hex characters: always a valid message key.
     let Ok(message) = MessageKey::new(record.as_str()) else {
