@@ -19,7 +19,8 @@
 //! clients, each on its own keep-alive connection. Every cell runs each route `ROUNDS` times
 //! in a fresh random order per round; the table shows medians and the median of the
 //! per-round ratios to `by-hand`. `IDEM_BENCH_REQUESTS` (default 2000) and
-//! `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_SQLITE=0` skips SQLite.
+//! `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_SQLITE=0` skips SQLite;
+//! `IDEM_BENCH_ROUTES=idem` runs only some routes (and `by-hand`, the baseline).
 
 use axum::Router;
 use axum::extract::State;
@@ -319,6 +320,13 @@ async fn run(
     }
 }
 
+/// `IDEM_BENCH_ROUTES` (e.g. `idem,by-hand`) runs only some routes (the baseline always).
+fn selected(route: usize) -> bool {
+    route == BASELINE
+        || std::env::var("IDEM_BENCH_ROUTES")
+            .map_or(true, |names| names.split(',').any(|n| n == ROUTES[route]))
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     values[values.len() / 2]
@@ -359,7 +367,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
             let mut runs: Vec<Vec<Run>> = ROUTES.iter().map(|_| Vec::new()).collect();
             let mut duplicates = [0i64; ROUTES.len()];
             for round in 0..rounds {
-                let mut order: Vec<usize> = (0..ROUTES.len()).collect();
+                let mut order: Vec<usize> = (0..ROUTES.len()).filter(|&i| selected(i)).collect();
                 order.shuffle(&mut rng);
                 for i in order {
                     let prefix = format!("{}-{sends}-{clients}-{round}", ROUTES[i]);
@@ -369,7 +377,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                     duplicates[i] += written - distinct;
                 }
             }
-            for (i, route) in ROUTES.iter().enumerate() {
+            for (i, route) in ROUTES.iter().enumerate().filter(|(i, _)| selected(*i)) {
                 let rps = median(runs[i].iter().map(|r| r.requests_per_second).collect());
                 let p50 = median(runs[i].iter().map(|r| r.p50.as_secs_f64() * 1e3).collect());
                 let p99 = median(runs[i].iter().map(|r| r.p99.as_secs_f64() * 1e3).collect());
