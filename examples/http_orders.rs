@@ -24,6 +24,9 @@
 //! On PostgreSQL everything lives in the schema `idem_http_example`, dropped and recreated
 //! at each start.
 
+#[path = "support/database.rs"]
+mod database;
+
 use axum::extract::{Form, Path, Query};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -33,8 +36,7 @@ use idem::http::{FormTokens, IdempotencyLayer, Tx};
 use idem::inbox::Inbox;
 use idem::{Outcome, StateMachine, idempotent};
 use serde::{Deserialize, Serialize};
-use sqlx::any::AnyPoolOptions;
-use sqlx::{Any, AnyConnection, AnyPool, Connection, Transaction};
+use sqlx::{Any, AnyPool, Transaction};
 use std::error::Error;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -295,45 +297,9 @@ fn usage(problem: &str) -> ! {
 
 /// A pool on a fresh database holding the example's tables; and a line saying which.
 async fn connect(database_url: Option<String>) -> Result<(AnyPool, String), Box<dyn Error>> {
-    sqlx::any::install_default_drivers();
-    let (url, backend) = match database_url {
-        None => {
-            let path = std::env::temp_dir().join("idem-http-example.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            let url = format!("sqlite:{}?mode=rwc", path.display());
-            (url, format!("SQLite ({})", path.display()))
-        }
-        Some(url) if url.starts_with("postgres") => {
-            let mut admin = AnyConnection::connect(&url).await?;
-            sqlx::raw_sql(&format!(
-                "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}"
-            ))
-            .execute(&mut admin)
-            .await?;
-            admin.close().await?;
-            let separator = if url.contains('?') { '&' } else { '?' };
-            let url = format!("{url}{separator}options=-c%20search_path%3D{SCHEMA}");
-            (url, format!("PostgreSQL (schema {SCHEMA})"))
-        }
-        Some(url) => (url.clone(), url),
-    };
-    let postgres = url.starts_with("postgres");
-    let pool = AnyPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await?;
-    if !postgres {
-        sqlx::query("PRAGMA journal_mode = WAL")
-            .execute(&pool)
-            .await?;
-    }
-    let id = if postgres {
-        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
-    } else {
-        "INTEGER PRIMARY KEY"
-    };
+    let fresh = database::connect(database_url, "idem-http-example.db", SCHEMA).await?;
+    let id = fresh.identity();
+    let database::Fresh { pool, backend, .. } = fresh;
     sqlx::raw_sql(&format!(
         "CREATE TABLE orders (order_id {id}, amount BIGINT NOT NULL, status TEXT NOT NULL,
                               version BIGINT NOT NULL DEFAULT 0);

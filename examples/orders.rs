@@ -14,12 +14,14 @@
 //! On PostgreSQL everything lives in the schema `idem_orders_example`, dropped and
 //! recreated at each run.
 
+#[path = "support/database.rs"]
+mod database;
+
 use idem::{Machine, Outcome, OutcomeKind, StateMachine, idempotent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use sqlx::any::AnyPoolOptions;
-use sqlx::{Any, AnyConnection, AnyPool, Connection, Transaction};
+use sqlx::{Any, AnyPool, Transaction};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::error::Error;
 use std::fmt::Debug;
@@ -604,54 +606,13 @@ fn usage(problem: &str) -> ! {
 
 /// A pool on a fresh database holding the example's tables; and a line saying which.
 async fn connect(database_url: Option<String>) -> Result<(AnyPool, String), Box<dyn Error>> {
-    sqlx::any::install_default_drivers();
-    let (url, backend) = match database_url {
-        None => {
-            let path = std::env::temp_dir().join("idem-orders-example.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            let url = format!("sqlite:{}?mode=rwc", path.display());
-            (url, format!("SQLite ({})", path.display()))
-        }
-        Some(url) if url.starts_with("postgres") => {
-            let mut admin = AnyConnection::connect(&url).await?;
-            sqlx::raw_sql(&format!(
-                "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}"
-            ))
-            .execute(&mut admin)
-            .await?;
-            admin.close().await?;
-            // The machine's table name is fixed by the derive (`orders`), so the schema is
-            // chosen by the connection: every connection of the pool gets this search_path.
-            let separator = if url.contains('?') { '&' } else { '?' };
-            let url = format!("{url}{separator}options=-c%20search_path%3D{SCHEMA}");
-            (url, format!("PostgreSQL (schema {SCHEMA})"))
-        }
-        // Any other URL (`sqlite:…`) is used as it is, and must not hold the tables yet.
-        Some(url) => (url.clone(), url),
-    };
-    let postgres = url.starts_with("postgres");
-    let pool = AnyPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await?;
-    if !postgres {
-        // `idem::sqlite_options` sets WAL for a `SqlitePool`; an `Any` pool takes only a
-        // URL, so set the journal mode here (it is stored in the file, for all connections).
-        sqlx::query("PRAGMA journal_mode = WAL")
-            .execute(&pool)
-            .await?;
-    }
+    let fresh = database::connect(database_url, "idem-orders-example.db", SCHEMA).await?;
+    let id = fresh.identity();
+    let database::Fresh { pool, backend, .. } = fresh;
 
     // `orders` is the machine's table: key, state, and the version idem bumps on each
     // transition. The effect tables have no UNIQUE (order_id), on purpose: the check at the
     // end shows that idem alone keeps one payment per order. (In production, add it anyway.)
-    let id = if postgres {
-        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
-    } else {
-        "INTEGER PRIMARY KEY"
-    };
     sqlx::raw_sql(&format!(
         "CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL,
                               version BIGINT NOT NULL DEFAULT 0);

@@ -28,7 +28,6 @@ use idem::fault::FaultPoint;
 use idem::inbox::{Clock, SystemClock};
 use idem::{Outcome, StateMachine};
 use serde::{Deserialize, Serialize};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,20 +356,6 @@ macro_rules! backend {
 backend!(on_postgres, sqlx::Postgres, Postgres);
 backend!(on_sqlite, sqlx::Sqlite, Sqlite);
 
-/// The point under test, in the child.
-static TARGET: OnceLock<FaultPoint> = OnceLock::new();
-
-/// The child's fault hook: reports each point; at the target, blocks until killed.
-fn stop_at_target(point: FaultPoint) {
-    if TARGET.get() == Some(&point) {
-        report(&format!("crash-point {}", point.name()));
-        loop {
-            std::thread::park();
-        }
-    }
-    report(&format!("point {}", point.name()));
-}
-
 #[test]
 #[ignore = "the child process of the crash tests, which run it"]
 fn crash_child() {
@@ -381,8 +366,7 @@ fn crash_child() {
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
     let scenario = var("IDEM_CRASH_SCENARIO");
     let point = FaultPoint::from_name(&var("IDEM_CRASH_POINT")).expect("a fault point");
-    TARGET.set(point).unwrap();
-    assert!(idem::fault::set_hook(stop_at_target));
+    child::stop_at(point);
     report(&format!("process {}", this_process()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -35,7 +35,6 @@ use idem::fault::FaultPoint;
 use idem::http::{IdempotencyLayer, RequestKey, Tx};
 use idem::inbox::Inbox;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const KEY: &str = "\"crash-1\"";
@@ -250,20 +249,6 @@ async fn crash(db: Option<Db>, path: &'static str, point: FaultPoint) {
     assert_eq!(again.body, reply.body);
 }
 
-/// The point under test, in the child.
-static TARGET: OnceLock<FaultPoint> = OnceLock::new();
-
-/// The child's fault hook: reports each point; at the target, blocks until killed.
-fn stop_at_target(point: FaultPoint) {
-    if TARGET.get() == Some(&point) {
-        report(&format!("crash-point {}", point.name()));
-        loop {
-            std::thread::park();
-        }
-    }
-    report(&format!("point {}", point.name()));
-}
-
 #[test]
 #[ignore = "the child process of the HTTP crash tests, which run it"]
 fn http_crash_child() {
@@ -272,10 +257,7 @@ fn http_crash_child() {
         return;
     };
     let point = std::env::var("IDEM_HTTP_CRASH_POINT").unwrap();
-    TARGET
-        .set(FaultPoint::from_name(&point).expect("a fault point"))
-        .unwrap();
-    assert!(idem::fault::set_hook(stop_at_target));
+    child::stop_at(FaultPoint::from_name(&point).expect("a fault point"));
     report(&format!("process {}", this_process()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -307,16 +307,66 @@ struct Call<'a> {
 
 impl<'a> Call<'a> {
     /// The statement's parameters: the key's columns, then `rest`.
-    fn params(&self, rest: &[Param<'a>]) -> Vec<Param<'a>> {
-        let mut params = Vec::with_capacity(self.key.parts().len() + rest.len());
+    fn params(&self, rest: &[Param<'a>]) -> Params<'a> {
+        let mut params = Params::default();
         key_params(self.key, &mut params);
-        params.extend_from_slice(rest);
+        for &param in rest {
+            params.push(param);
+        }
         params
     }
 }
 
+/// A statement's parameters: on the stack for up to [`Params::INLINE`] (a key of up to three
+/// columns), so a call allocates nothing for them.
+struct Params<'a> {
+    inline: [Param<'a>; Params::INLINE],
+    len: usize,
+    spilled: Vec<Param<'a>>,
+}
+
+impl Params<'_> {
+    const INLINE: usize = 8;
+}
+
+impl Default for Params<'_> {
+    fn default() -> Self {
+        Params {
+            inline: [Param::Null; Params::INLINE],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+}
+
+impl<'a> Params<'a> {
+    fn push(&mut self, param: Param<'a>) {
+        if self.len < Params::INLINE {
+            self.inline[self.len] = param;
+        } else {
+            if self.spilled.is_empty() {
+                self.spilled.extend_from_slice(&self.inline);
+            }
+            self.spilled.push(param);
+        }
+        self.len += 1;
+    }
+}
+
+impl<'a> core::ops::Deref for Params<'a> {
+    type Target = [Param<'a>];
+
+    fn deref(&self) -> &[Param<'a>] {
+        if self.len <= Params::INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
 /// The key's columns, in order, as parameters.
-fn key_params<'a>(key: &'a Key, params: &mut Vec<Param<'a>>) {
+fn key_params<'a>(key: &'a Key, params: &mut Params<'a>) {
     match key {
         Key::Int(n) => params.push(Param::Int(*n)),
         Key::Text(s) => params.push(Param::Text(s)),
@@ -431,5 +481,31 @@ fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {
         table: definition.table,
         key: call.key_text.to_owned(),
         problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(params: &[Param<'_>]) -> Vec<i64> {
+        params
+            .iter()
+            .map(|p| match p {
+                Param::Int(n) => *n,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parameters_stay_in_order_past_the_inline_ones() {
+        for n in [0, 1, 8, 9, 20] {
+            let mut params = Params::default();
+            for i in 0..n {
+                params.push(Param::Int(i));
+            }
+            assert_eq!(ints(&params), (0..n).collect::<Vec<_>>());
+        }
     }
 }

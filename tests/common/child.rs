@@ -23,6 +23,26 @@ pub fn report(step: &str) {
     out.flush().unwrap();
 }
 
+/// The point a child stops at (see [`stop_at`]).
+static TARGET: std::sync::OnceLock<idem::fault::FaultPoint> = std::sync::OnceLock::new();
+
+/// Installs the child's fault hook, once: it reports each point the child passes
+/// (`point <name>`) and, at `target`, reports `crash-point <name>` and blocks until the
+/// parent kills it, so the kill lands exactly there.
+pub fn stop_at(target: idem::fault::FaultPoint) {
+    fn hook(point: idem::fault::FaultPoint) {
+        if TARGET.get() == Some(&point) {
+            report(&format!("crash-point {}", point.name()));
+            loop {
+                std::thread::park();
+            }
+        }
+        report(&format!("point {}", point.name()));
+    }
+    TARGET.set(target).expect("one crash point per child");
+    assert!(idem::fault::set_hook(hook), "a fault hook was already set");
+}
+
 /// A running child process, killed when dropped (a failed test leaves none behind).
 pub struct ChildProcess {
     child: Child,

@@ -45,8 +45,10 @@
 //!      `Idempotent-Replayed: true`.
 //!    - The same key with a different fingerprint: **422**; the first response stays.
 //!    - The same key while its first request still runs: **409** with `Retry-After`, never
-//!      a second execution; or, with [`IdempotencyLayer::wait`], the repeat waits for the
-//!      first (bounded) and gets its response.
+//!      a second execution; or, with [`IdempotencyLayer::wait`], a repeat arriving at the same
+//!      process waits for the first (bounded) and gets its response. From another process,
+//!      on PostgreSQL the repeat gets the 409 at once; on SQLite it waits for the database's
+//!      writer, then replays.
 //! 4. **The handler** runs with the transaction as its [`Tx`] extractor.
 //! 5. **The response** is stored in the record and committed with the handler's writes,
 //!    then sent: a crash before the commit leaves nothing (the retry runs again), after it
@@ -213,8 +215,10 @@ impl<DB: Backend> IdempotencyLayer<DB> {
         self
     }
 
-    /// How long a repeat of a request still running waits for it before the 409 (by
-    /// default not at all). A repeat that gets its turn gets the first response.
+    /// How long a repeat of a request still running in this process waits for it before
+    /// the 409 (by default not at all). A repeat that gets its turn gets the first response.
+    /// A repeat arriving at another process is answered by the database (see the module
+    /// documentation).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
         self

@@ -254,7 +254,17 @@ where
         (Body::new(body), None)
     };
     let mut stored = StoredResponse::of(parts, &config.replayed_headers, bytes.as_ref());
-    let too_large = bytes.is_some()
+    // Encoded once more only when it could exceed the bound (JSON escapes at most six bytes
+    // per byte); a small response is encoded once, when it is stored.
+    let could_exceed = bytes.as_ref().is_some_and(|b| {
+        let headers: usize = stored
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 8)
+            .sum();
+        b.len() * 6 + headers + 256 > MAX_RESULT_LEN
+    });
+    let too_large = could_exceed
         && serde_json::to_string(&stored).is_ok_and(|json| json.len() > MAX_RESULT_LEN);
     if too_large {
         stored = StoredResponse::of(parts, &config.replayed_headers, None);

@@ -251,11 +251,7 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
     }
 
     fn labels(&self) -> Labels<'_> {
-        Labels {
-            group: Some(&self.lease.inbox.group),
-            key: Some(self.lease.key.as_str()),
-            ..Labels::default()
-        }
+        self.lease.labels()
     }
 
     fn outcome_name(reply: &Recorded) -> &'static str {
@@ -327,17 +323,24 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
     }
 
     fn labels(&self) -> Labels<'_> {
-        Labels {
-            group: Some(&self.lease.inbox.group),
-            key: Some(self.lease.key.as_str()),
-            ..Labels::default()
-        }
+        self.lease.labels()
     }
 
     fn outcome_name(reply: &Extended) -> &'static str {
         match reply {
             Some(_) => "extended",
             None => "lease_lost",
+        }
+    }
+}
+
+impl Lease {
+    /// The consumer group and the message key, for the spans of the lease's units of work.
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            group: Some(&self.inbox.group),
+            key: Some(self.key.as_str()),
+            ..Labels::default()
         }
     }
 }
