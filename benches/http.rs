@@ -56,7 +56,13 @@ fn now_millis() -> i64 {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        text.push(DIGITS[usize::from(b >> 4)] as char);
+        text.push(DIGITS[usize::from(b & 0x0f)] as char);
+    }
+    text
 }
 
 /// The hand-written key table, with what retention needs (a time, and an index on it to
@@ -256,6 +262,43 @@ struct Run {
     p50: Duration,
     p99: Duration,
     statuses_ok: bool,
+    /// CPU time per request of this process (clients and server), microseconds.
+    process_cpu: f64,
+    /// CPU time per request of the database's processes (PostgreSQL), microseconds.
+    database_cpu: f64,
+}
+
+/// CPU time, in milliseconds, the scheduler has given the threads of process `pid`
+/// (`/proc/<pid>/task/*/sched`, `se.sum_exec_runtime`): nanosecond resolution, unlike the
+/// ticks of `/proc/<pid>/stat`. 0 where it cannot be read.
+fn cpu_ms(pid: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("sched")).ok())
+        .filter_map(|sched| {
+            let line = sched
+                .lines()
+                .find(|l| l.starts_with("se.sum_exec_runtime"))?;
+            line.split(':').nth(1)?.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// CPU time, in milliseconds, of every `postgres` process on this machine.
+fn database_cpu_ms() -> f64 {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    processes
+        .flatten()
+        .filter(|p| {
+            std::fs::read_to_string(p.path().join("comm")).is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(|p| cpu_ms(&p.file_name().to_string_lossy()))
+        .sum()
 }
 
 /// Sends `keys` (each `sends` times, shuffled) to `route` from `clients` connections.
@@ -274,6 +317,7 @@ async fn run(
     let chunks: Vec<Vec<String>> = (0..clients)
         .map(|c| work.iter().skip(c).step_by(clients).cloned().collect())
         .collect();
+    let (process_before, database_before) = (cpu_ms("self"), database_cpu_ms());
     let started = Instant::now();
     let tasks: Vec<_> = chunks
         .into_iter()
@@ -310,6 +354,9 @@ async fn run(
         statuses_ok &= ok;
     }
     let elapsed = started.elapsed();
+    let per_request = |ms: f64| ms * 1e3 / latencies.len() as f64;
+    let process_cpu = per_request(cpu_ms("self") - process_before);
+    let database_cpu = per_request(database_cpu_ms() - database_before);
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     Run {
@@ -317,6 +364,8 @@ async fn run(
         p50: at(0.50),
         p99: at(0.99),
         statuses_ok,
+        process_cpu,
+        database_cpu,
     }
 }
 
@@ -350,6 +399,29 @@ async fn effects(pool: &Db, prefix: &str) -> (i64, i64) {
     }
 }
 
+/// Empties the tables and checkpoints, so that every run starts from the same state: the
+/// same (empty) indexes to insert into, and no pages already written since the last
+/// checkpoint (whose first write after it costs a full page in the log).
+async fn reset(pool: &Db) {
+    match pool {
+        Db::Postgres(p) => {
+            sqlx::raw_sql("TRUNCATE effects, http_keys, idem_inbox; CHECKPOINT")
+                .execute(p)
+                .await
+                .unwrap();
+        }
+        Db::Sqlite(p) => {
+            sqlx::raw_sql(
+                "DELETE FROM effects; DELETE FROM http_keys; DELETE FROM idem_inbox; \
+                 PRAGMA wal_checkpoint(TRUNCATE)",
+            )
+            .execute(p)
+            .await
+            .unwrap();
+        }
+    }
+}
+
 enum Db {
     Postgres(sqlx::PgPool),
     Sqlite(sqlx::SqlitePool),
@@ -358,9 +430,9 @@ enum Db {
 async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: usize) {
     println!("\n### {name}\n");
     println!(
-        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to by-hand (min–max) | duplicate effects |"
+        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to by-hand (min–max) | CPU µs/request: process, database | duplicate effects |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for (workload, sends) in [("every key once", 1), ("every key twice", 2)] {
         for clients in [1, 8, 32] {
@@ -370,6 +442,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                 let mut order: Vec<usize> = (0..ROUTES.len()).filter(|&i| selected(i)).collect();
                 order.shuffle(&mut rng);
                 for i in order {
+                    reset(&db).await;
                     let prefix = format!("{}-{sends}-{clients}-{round}", ROUTES[i]);
                     let keys = requests / sends;
                     runs[i].push(run(addr, ROUTES[i], &prefix, keys, sends, clients).await);
@@ -388,8 +461,15 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                     .iter()
                     .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
                 let ok = runs[i].iter().all(|r| r.statuses_ok);
+                let process_cpu = median(runs[i].iter().map(|r| r.process_cpu).collect());
+                let database_cpu = median(runs[i].iter().map(|r| r.database_cpu).collect());
+                let database_cpu = if database_cpu > 0.0 {
+                    format!("{database_cpu:.0}")
+                } else {
+                    "–".to_owned()
+                };
                 println!(
-                    "| {workload} | {clients} | {route} | {rps:.0} | {p50:.2} | {p99:.2} | {:.2} ({lo:.2}–{hi:.2}) | {}{} |",
+                    "| {workload} | {clients} | {route} | {rps:.0} | {p50:.2} | {p99:.2} | {:.2} ({lo:.2}–{hi:.2}) | {process_cpu:.0}, {database_cpu} | {}{} |",
                     median(ratios.clone()),
                     duplicates[i],
                     if ok { "" } else { " (unexpected statuses)" }

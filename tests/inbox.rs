@@ -406,6 +406,38 @@ macro_rules! inbox_tests {
             }
 
             #[tokio::test]
+            async fn a_record_with_an_unknown_status_is_refused_and_left_alone() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("order:12:paid");
+                assert!(deliver(&inbox, &pool, &k, 12, 5).await.unwrap().is_processed());
+                // Another program writes a status idem does not know. SQLite's table keeps
+                // its CHECK constraint, so the test turns it off on its connection; the
+                // PostgreSQL table has none (the second migration dropped it).
+                let mut conn = pool.acquire().await.unwrap();
+                let sqlite = std::any::TypeId::of::<$db>() == std::any::TypeId::of::<sqlx::Sqlite>();
+                if sqlite {
+                    sqlx::raw_sql("PRAGMA ignore_check_constraints = ON").execute(&mut *conn).await.unwrap();
+                }
+                sqlx::query("UPDATE idem_inbox SET status = 'DONE'").execute(&mut *conn).await.unwrap();
+                if sqlite {
+                    sqlx::raw_sql("PRAGMA ignore_check_constraints = OFF").execute(&mut *conn).await.unwrap();
+                }
+                drop(conn);
+                fn refused<E>(e: &Error<E>) -> bool {
+                    matches!(e, Error::CorruptRecord { group, key, problem }
+                        if group == "billing" && key == "order:12:paid" && problem.contains("\"DONE\""))
+                }
+                let delivered = deliver(&inbox, &pool, &k, 12, 5).await;
+                assert!(delivered.as_ref().is_err_and(refused), "{delivered:?}");
+                let claimed = inbox.claim::<_, ()>(&pool, &k, b"{\"order\":12,\"amount\":5}").await;
+                assert!(claimed.as_ref().is_err_and(refused), "{claimed:?}");
+                assert_eq!(effects(&pool).await, 1, "the handler did not run again");
+                let status: String = sqlx::query_scalar("SELECT status FROM idem_inbox").fetch_one(&pool).await.unwrap();
+                assert_eq!(status, "DONE", "the record is left for someone to look at");
+            }
+
+            #[tokio::test]
             async fn a_concurrent_duplicate_gives_up_after_the_lock_timeout() {
                 let Some(pool) = setup().await else { return };
                 let inbox = Inbox::new("billing").unwrap().lock_timeout(Duration::from_millis(200));

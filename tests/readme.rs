@@ -74,6 +74,17 @@ fn readme_shows_the_inbox_schema() {
         readme.contains(table),
         "README.md does not show the inbox table as migrated"
     );
+    let last = migration.trim_end().trim_end_matches(';');
+    let last = last[last.rfind(';').unwrap() + 1..].trim();
+    let last = last
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        readme.contains(&format!("{last};")),
+        "README.md does not show PostgreSQL's last migration:\n{last}"
+    );
 }
 
 /// The migrations create the same default results table as `create_results_table`.

@@ -321,4 +321,6 @@ async fn http_statements(addr: std::net::SocketAddr) {
         inside[1].starts_with("SELECT status, fingerprint"),
         "{log:#?}"
     );
+    // A finished record is read, not locked: on PostgreSQL a row lock is a write.
+    assert!(!inside[1].contains("FOR UPDATE"), "{log:#?}");
 }

@@ -15,6 +15,7 @@ pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault;
 mod glue;
+mod hex;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod inbox;

@@ -1,7 +1,7 @@
 //! The two primitives every backend provides, written once over sqlx's generic API.
 
 use super::{Param, Record, Value};
-use sqlx::{Column, Database, Decode, Executor, IntoArguments, Row, Type};
+use sqlx::{Column, Database, Decode, Executor, IntoArguments, Row, Type, ValueRef};
 
 /// Runs `sql` with `params` and decodes the first row, if any, into a [`Record`].
 pub(super) async fn fetch<'a, DB>(
@@ -26,13 +26,15 @@ where
     let mut record = Record::default();
     for (i, column) in row.columns().iter().enumerate() {
         // Every column idem reads is an integer or text; NULL reads as NULL whatever its type.
-        let value = match row.try_get::<Option<i64>, _>(i) {
-            Ok(Some(n)) => Value::Int(n),
-            Ok(None) => Value::Null,
-            Err(_) => match row.try_get::<Option<String>, _>(i)? {
-                Some(s) => Value::Text(s),
-                None => Value::Null,
-            },
+        // The value's type picks the decoding, so a text column is not first tried (and
+        // refused, with an error built and dropped) as an integer.
+        let raw = row.try_get_raw(i)?;
+        let value = if raw.is_null() {
+            Value::Null
+        } else if <i64 as Type<DB>>::compatible(&raw.type_info()) {
+            Value::Int(row.try_get(i)?)
+        } else {
+            Value::Text(row.try_get(i)?)
         };
         record.values.push((column.name().to_owned(), value));
     }

@@ -4,6 +4,7 @@
 //! length-prefixed, so no two different requests hash alike by shifting bytes between
 //! parts. The scope (principal) and the key are hashed apart, into the record's key.
 
+use crate::hex::hex;
 use http::HeaderName;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
@@ -40,10 +41,6 @@ pub(crate) fn record_key(scope: &str, key: &str) -> String {
 fn part(hash: &mut Sha256, bytes: &[u8]) {
     hash.update((bytes.len() as u64).to_be_bytes());
     hash.update(bytes);
-}
-
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! the expiry in milliseconds since the epoch, a 128-bit nonce, and the HMAC-SHA256 of both
 //! under your secret.
 
+use crate::hex::hex;
 use crate::inbox::{Clock, SystemClock};
 use sha2::{Digest, Sha256};
 use std::hash::{BuildHasher, Hasher};
@@ -175,10 +176,6 @@ fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The value of the form field `name` in an `application/x-www-form-urlencoded` body.

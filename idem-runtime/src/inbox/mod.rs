@@ -628,8 +628,7 @@ impl Lease {
 
 /// The payload's SHA-256, hex: what "the same content" means.
 pub(crate) fn fingerprint(payload: &[u8]) -> String {
-    let digest = Sha256::digest(payload);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::hex(&Sha256::digest(payload))
 }
 
 /// PostgreSQL's lock_timeout expired (SQLSTATE 55P03).

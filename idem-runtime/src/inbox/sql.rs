@@ -1,7 +1,13 @@
 //! The inbox's statements. Every value is bound; the table is `idem_inbox`.
 
-/// The schema, as a sqlx migration for PostgreSQL: the results table and the inbox.
-pub const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0001_idem.sql");
+/// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
+/// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
+/// without its CHECK constraint), in one text.
+pub const POSTGRES_MIGRATION: &str = concat!(
+    include_str!("../../migrations/postgres/0001_idem.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
+);
 /// The schema, as a sqlx migration for SQLite: the results table and the inbox.
 pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
 
@@ -95,10 +101,21 @@ mod tests {
 
     #[test]
     fn migrations_split_into_their_statements() {
-        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION] {
+        for (migration, count) in [(POSTGRES_MIGRATION, 4), (SQLITE_MIGRATION, 3)] {
             let statements: Vec<&str> = statements(migration).collect();
-            assert_eq!(statements.len(), 3, "{statements:#?}");
+            assert_eq!(statements.len(), count, "{statements:#?}");
             assert!(statements[1].contains("CREATE TABLE IF NOT EXISTS idem_inbox"));
         }
+        // `statements` splits at every semicolon, so a comment must not hold one.
+        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION] {
+            for line in migration
+                .lines()
+                .filter(|l| l.trim_start().starts_with("--"))
+            {
+                assert!(!line.contains(';'), "a semicolon in a comment: {line}");
+            }
+        }
+        let last = statements(POSTGRES_MIGRATION).last().unwrap();
+        assert!(last.contains("DROP CONSTRAINT IF EXISTS idem_inbox_status_check"));
     }
 }

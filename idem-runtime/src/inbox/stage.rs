@@ -441,10 +441,32 @@ impl Inbox {
         key: &MessageKey,
         fingerprint: &str,
     ) -> Result<Option<Found>, Error<Infallible>> {
-        let statement = match DB::dialect(conn) {
-            Dialect::Postgres => sql::SELECT_FOR_UPDATE,
-            Dialect::Sqlite => sql::SELECT,
-        };
+        // A plain read first: a repeat of a finished message (the common case) reads its
+        // record and ends, without locking the row (on PostgreSQL a row lock is a write:
+        // the row's page and the log). Only a record this delivery may go on to retry is
+        // read again, locked, so that the retry (or the burial) acts on the record as it
+        // is once no other delivery holds it (SQLite: inside `BEGIN IMMEDIATE`, already
+        // locked).
+        let found = self
+            .read_record::<DB>(conn, key, fingerprint, sql::SELECT)
+            .await?;
+        match found {
+            Some(Found::Retry { .. }) if DB::dialect(conn) == Dialect::Postgres => {
+                self.read_record::<DB>(conn, key, fingerprint, sql::SELECT_FOR_UPDATE)
+                    .await
+            }
+            found => Ok(found),
+        }
+    }
+
+    /// The key's record read by `statement`, classified, if there is one.
+    async fn read_record<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &MessageKey,
+        fingerprint: &str,
+        statement: &str,
+    ) -> Result<Option<Found>, Error<Infallible>> {
         let params = [Param::Text(&self.group), Param::Text(key.as_str())];
         let Some(mut row) = DB::fetch(conn, statement, &params).await? else {
             return Ok(None);
