@@ -5,7 +5,7 @@
 //! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench http
 //! ```
 //!
-//! Three servers' routes, one handler each (insert one effect row, answer 201 with a body):
+//! Four routes on one server, one handler each (insert one effect row, answer 201 with a body):
 //! - `plain`: no idempotency; the handler begins and commits its own transaction;
 //! - `idem`: behind `IdempotencyLayer`, the handler writes through its `Tx`;
 //! - `by-hand`: the handler begins, inserts the key's digest into a key table
@@ -18,7 +18,10 @@
 //! Two workloads: every key once; every key twice (the second send a retry). 1, 8 and 32
 //! clients, each on its own keep-alive connection. Every cell runs each route `ROUNDS` times
 //! in a fresh random order per round; the table shows medians and the median of the
-//! per-round ratios to `by-hand`. `IDEM_BENCH_REQUESTS` (default 2000) and
+//! per-round ratios to `by-hand`. Every run starts from empty tables after a checkpoint, and
+//! reports the CPU time per request of this process (clients and server, and SQLite) and of
+//! PostgreSQL's processes (`/proc/<pid>/task/*/sched`): on two cores the throughput is
+//! bounded by CPU, and CPU time is far less noisy than throughput. `IDEM_BENCH_REQUESTS` (default 2000) and
 //! `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_SQLITE=0` skips SQLite;
 //! `IDEM_BENCH_ROUTES=idem` runs only some routes (and `by-hand`, the baseline).
 
@@ -309,6 +312,7 @@ async fn run(
     keys: usize,
     sends: usize,
     clients: usize,
+    database: fn() -> f64,
 ) -> Run {
     let mut work: Vec<String> = (0..keys)
         .flat_map(|k| std::iter::repeat_n(format!("{prefix}-{k}"), sends))
@@ -317,7 +321,7 @@ async fn run(
     let chunks: Vec<Vec<String>> = (0..clients)
         .map(|c| work.iter().skip(c).step_by(clients).cloned().collect())
         .collect();
-    let (process_before, database_before) = (cpu_ms("self"), database_cpu_ms());
+    let (process_before, database_before) = (cpu_ms("self"), database());
     let started = Instant::now();
     let tasks: Vec<_> = chunks
         .into_iter()
@@ -356,7 +360,7 @@ async fn run(
     let elapsed = started.elapsed();
     let per_request = |ms: f64| ms * 1e3 / latencies.len() as f64;
     let process_cpu = per_request(cpu_ms("self") - process_before);
-    let database_cpu = per_request(database_cpu_ms() - database_before);
+    let database_cpu = per_request(database() - database_before);
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     Run {
@@ -430,9 +434,14 @@ enum Db {
 async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: usize) {
     println!("\n### {name}\n");
     println!(
-        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to by-hand (min–max) | CPU µs/request: process, database | duplicate effects |"
+        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to by-hand (min–max) | CPU µs/request: process, database server | duplicate effects |"
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    // SQLite runs in this process: its CPU time is in the process's.
+    let database: fn() -> f64 = match db {
+        Db::Postgres(_) => database_cpu_ms,
+        Db::Sqlite(_) => || 0.0,
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for (workload, sends) in [("every key once", 1), ("every key twice", 2)] {
         for clients in [1, 8, 32] {
@@ -445,7 +454,8 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                     reset(&db).await;
                     let prefix = format!("{}-{sends}-{clients}-{round}", ROUTES[i]);
                     let keys = requests / sends;
-                    runs[i].push(run(addr, ROUTES[i], &prefix, keys, sends, clients).await);
+                    runs[i]
+                        .push(run(addr, ROUTES[i], &prefix, keys, sends, clients, database).await);
                     let (written, distinct) = effects(&db, &prefix).await;
                     duplicates[i] += written - distinct;
                 }
