@@ -634,5 +634,9 @@ async fn connect(database_url: Option<String>) -> Result<(AnyPool, String), Box<
             .await?;
     }
     tx.commit().await?;
+    // Refuse to start on a database the handlers cannot work with: every problem at once
+    // (a missing column, a state the machine does not declare, …), not the first failing
+    // transition.
+    idem::verify::<Order, _>(&pool).await?.into_result()?;
     Ok((pool, backend))
 }

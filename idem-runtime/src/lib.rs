@@ -28,6 +28,7 @@ mod schema;
 mod sql;
 mod stored;
 mod transition;
+mod verify;
 mod work;
 
 #[cfg(feature = "sqlite")]
@@ -49,6 +50,7 @@ pub use schema::create_results_table;
 pub use sql::{MachineSql, Statements};
 pub use stored::MAX_RESULT_LEN;
 pub use transition::{Transition, TransitionError};
+pub use verify::{ColumnRole, SchemaProblem, SchemaReport, verify};
 pub use work::Source;
 
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a

@@ -1,0 +1,639 @@
+//! Checking a live database against a machine's declaration, at start-up: one report with
+//! every problem, instead of the first failing transition in production.
+
+use crate::backend::{Backend, Dialect, Param};
+use crate::machine::Machine;
+use sqlx::Pool;
+use std::fmt;
+
+/// The columns of the results table idem reads and writes.
+const RESULT_COLUMNS: [&str; 6] = [
+    "machine",
+    "entity_key",
+    "from_state",
+    "to_state",
+    "result",
+    "created_at",
+];
+
+/// The columns of the inbox table idem reads and writes.
+const INBOX_COLUMNS: [&str; 10] = [
+    "consumer_group",
+    "message_key",
+    "fingerprint",
+    "status",
+    "attempts",
+    "result",
+    "error",
+    "lease_until",
+    "created_at",
+    "updated_at",
+];
+
+/// How many undeclared state values a report names (it counts them all).
+const SHOWN_STATES: usize = 10;
+
+/// Checks the database behind `pool` against the state machine `M`, and returns one report
+/// listing every problem found (an empty report when there is none):
+///
+/// - the machine's table exists, with its key, state and version columns; on PostgreSQL,
+///   of types idem can use (a key column an integer, numeric, text or `uuid`; the state
+///   column text, `varchar` or an ENUM; the version column an integer or numeric — a
+///   domain counts as its base type). SQLite stores any value in any column, so there only
+///   the columns' presence is checked;
+/// - every state value in the table is one the machine declares, no row has a NULL state,
+///   and no row has a NULL version (a transition never moves such a row: its guard is
+///   `version IS NOT NULL`);
+/// - the machine's results table exists with the columns idem uses;
+/// - the inbox table `idem_inbox`, if the database has one (a service without an inbox
+///   needs none), has the columns of this version of idem and, on PostgreSQL, no longer
+///   the status CHECK constraint of the first migration (`idem::migrate` drops it).
+///
+/// It reads the machine's table once (one `GROUP BY` of the state column, a full scan
+/// unless the column is indexed): call it at start-up, not per request. `Err` only when
+/// the database cannot be asked (a connection or permission error).
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// // Refuse to start on a database the handlers cannot work with.
+/// idem::verify::<Order, _>(&pool).await?.into_result()?;
+/// # Ok(()) }
+/// ```
+pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaReport, sqlx::Error> {
+    let definition = M::DEFINITION;
+    let mut conn = pool.acquire().await?;
+    let conn: &mut DB::Connection = &mut conn;
+    let dialect = DB::dialect(conn);
+    let mut problems = Vec::new();
+    let table = definition.table;
+
+    match columns::<DB>(conn, dialect, table).await? {
+        None => problems.push(SchemaProblem::MissingTable {
+            table: table.to_owned(),
+        }),
+        Some(found) => {
+            let mut present = |column: &str, role: ColumnRole| {
+                let kind = found.iter().find(|c| c.name == column).map(|c| &c.kind);
+                match kind {
+                    None => problems.push(SchemaProblem::MissingColumn {
+                        table: table.to_owned(),
+                        column: column.to_owned(),
+                        role,
+                    }),
+                    Some(kind) if !kind.usable_as(role, dialect) => {
+                        problems.push(SchemaProblem::UnusableType {
+                            table: table.to_owned(),
+                            column: column.to_owned(),
+                            role,
+                            found: kind.type_name().to_owned(),
+                        })
+                    }
+                    Some(_) => return true,
+                }
+                false
+            };
+            for key in definition.key_columns {
+                present(key, ColumnRole::Key);
+            }
+            let state = present(definition.state_column, ColumnRole::State);
+            let version = present(definition.version_column, ColumnRole::Version);
+            if state && version {
+                check_rows::<M, DB>(conn, dialect, &mut problems).await?;
+            }
+        }
+    }
+
+    let results = definition.results_table;
+    idem_table::<DB>(conn, dialect, results, &RESULT_COLUMNS, true, &mut problems).await?;
+    idem_table::<DB>(
+        conn,
+        dialect,
+        "idem_inbox",
+        &INBOX_COLUMNS,
+        false,
+        &mut problems,
+    )
+    .await?;
+    if dialect == Dialect::Postgres {
+        let sql = "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM pg_constraint \
+                   WHERE conrelid = to_regclass('idem_inbox') AND conname = 'idem_inbox_status_check'";
+        let checked = DB::fetch(conn, sql, &[]).await?;
+        if checked.and_then(|r| r.int("n")).unwrap_or(0) > 0 {
+            problems.push(SchemaProblem::OutdatedTable {
+                table: "idem_inbox".to_owned(),
+                problem: "it still has the status CHECK constraint of the first migration \
+                          (each write pays for it); run `idem::migrate` or the second migration"
+                    .to_owned(),
+            });
+        }
+    }
+
+    Ok(SchemaReport {
+        machine: definition.name,
+        problems,
+    })
+}
+
+/// The state values in the machine's table, against the declared ones; rows without a
+/// state or a version.
+async fn check_rows<M: Machine, DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    problems: &mut Vec<SchemaProblem>,
+) -> Result<(), sqlx::Error> {
+    let definition = M::DEFINITION;
+    let (aggregate, array) = json_functions(dialect);
+    let sql = format!(
+        "SELECT CAST(COALESCE({aggregate}({array}(s, n, nv)), '[]') AS TEXT) AS found \
+         FROM (SELECT CAST({state} AS TEXT) AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
+         FROM {table} GROUP BY {state}) AS g",
+        state = quoted(definition.state_column),
+        version = quoted(definition.version_column),
+        table = quoted(definition.table),
+    );
+    let found = fetch_json::<DB>(conn, &sql, &[]).await?;
+    let groups: Vec<(Option<String>, i64, i64)> = serde_json::from_str(&found).map_err(decode)?;
+    let table = definition.table.to_owned();
+    let mut undeclared: Vec<(String, i64)> = Vec::new();
+    let (mut null_states, mut null_versions) = (0, 0);
+    for (state, rows, versionless) in groups {
+        null_versions += versionless;
+        match state {
+            None => null_states += rows,
+            Some(state) if definition.state_index(&state).is_none() => {
+                undeclared.push((state, rows));
+            }
+            Some(_) => {}
+        }
+    }
+    if !undeclared.is_empty() {
+        undeclared.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        problems.push(SchemaProblem::UndeclaredStates {
+            table: table.clone(),
+            column: definition.state_column.to_owned(),
+            rows: undeclared.iter().map(|(_, n)| n).sum(),
+            distinct: undeclared.len(),
+            values: undeclared.into_iter().take(SHOWN_STATES).collect(),
+        });
+    }
+    if null_states > 0 {
+        problems.push(SchemaProblem::NullStates {
+            table: table.clone(),
+            column: definition.state_column.to_owned(),
+            rows: null_states,
+        });
+    }
+    if null_versions > 0 {
+        problems.push(SchemaProblem::NullVersions {
+            table,
+            column: definition.version_column.to_owned(),
+            rows: null_versions,
+        });
+    }
+    Ok(())
+}
+
+/// One of idem's own tables: its columns, if it exists (or must).
+async fn idem_table<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    table: &str,
+    expected: &[&str],
+    required: bool,
+    problems: &mut Vec<SchemaProblem>,
+) -> Result<(), sqlx::Error> {
+    match columns::<DB>(conn, dialect, table).await? {
+        None if required => problems.push(SchemaProblem::MissingTable {
+            table: table.to_owned(),
+        }),
+        None => {}
+        Some(found) => {
+            for column in expected {
+                if !found.iter().any(|c| c.name == *column) {
+                    problems.push(SchemaProblem::MissingColumn {
+                        table: table.to_owned(),
+                        column: (*column).to_owned(),
+                        role: ColumnRole::Idem,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A column as the database describes it.
+struct Column {
+    name: String,
+    kind: Kind,
+}
+
+/// What a column's type can hold, as far as idem's binding goes.
+enum Kind {
+    Integer(String),
+    Numeric(String),
+    Text(String),
+    Enum(String),
+    Uuid(String),
+    /// SQLite: any value fits any column.
+    Any(String),
+    Other(String),
+}
+
+impl Kind {
+    /// PostgreSQL: from the type's name and category (of its base type, for a domain).
+    fn postgres(name: String, category: &str) -> Kind {
+        match (name.as_str(), category) {
+            ("int2" | "int4" | "int8", _) => Kind::Integer(name),
+            ("numeric", _) => Kind::Numeric(name),
+            ("uuid", _) => Kind::Uuid(name),
+            (_, "S") => Kind::Text(name),
+            (_, "E") => Kind::Enum(name),
+            _ => Kind::Other(name),
+        }
+    }
+
+    fn usable_as(&self, role: ColumnRole, dialect: Dialect) -> bool {
+        if dialect == Dialect::Sqlite {
+            return true;
+        }
+        match role {
+            ColumnRole::Key => matches!(
+                self,
+                Kind::Integer(_) | Kind::Numeric(_) | Kind::Text(_) | Kind::Uuid(_) | Kind::Any(_)
+            ),
+            ColumnRole::State => matches!(self, Kind::Text(_) | Kind::Enum(_) | Kind::Any(_)),
+            ColumnRole::Version => {
+                matches!(self, Kind::Integer(_) | Kind::Numeric(_) | Kind::Any(_))
+            }
+            ColumnRole::Idem => true,
+        }
+    }
+
+    fn type_name(&self) -> &str {
+        match self {
+            Kind::Integer(n)
+            | Kind::Numeric(n)
+            | Kind::Text(n)
+            | Kind::Enum(n)
+            | Kind::Uuid(n)
+            | Kind::Any(n)
+            | Kind::Other(n) => n,
+        }
+    }
+}
+
+/// The columns of `table` (`name` or `schema.name`), or `None` if it does not exist.
+async fn columns<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    table: &str,
+) -> Result<Option<Vec<Column>>, sqlx::Error> {
+    let quoted_table = quoted(table);
+    let (schema, name) = table.split_once('.').unwrap_or(("main", table));
+    let (found, params) = match dialect {
+        // The table as the search path resolves it; a domain's category is its base type's.
+        Dialect::Postgres => (
+            "SELECT CAST(COALESCE(json_agg(json_build_array(\
+                 a.attname, COALESCE(b.typname, t.typname), COALESCE(b.typcategory, t.typcategory))), \
+                 '[]') AS TEXT) AS found \
+             FROM pg_attribute a \
+             JOIN pg_type t ON t.oid = a.atttypid \
+             LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            vec![Param::Text(&quoted_table)],
+        ),
+        Dialect::Sqlite => (
+            "SELECT CAST(COALESCE(json_group_array(json_array(name, type, '')), '[]') AS TEXT) \
+             AS found FROM pragma_table_info($1, $2)",
+            vec![Param::Text(name), Param::Text(schema)],
+        ),
+    };
+    let found = fetch_json::<DB>(conn, found, &params).await?;
+    let found: Vec<(String, String, String)> = serde_json::from_str(&found).map_err(decode)?;
+    if found.is_empty() {
+        // A table has at least one column: none means no such table.
+        return Ok(None);
+    }
+    Ok(Some(
+        found
+            .into_iter()
+            .map(|(name, type_name, category)| {
+                let kind = match dialect {
+                    Dialect::Postgres => Kind::postgres(type_name, &category),
+                    Dialect::Sqlite => Kind::Any(type_name),
+                };
+                Column { name, kind }
+            })
+            .collect(),
+    ))
+}
+
+async fn fetch_json<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<String, sqlx::Error> {
+    let mut row = DB::fetch(conn, sql, params).await?.unwrap_or_default();
+    Ok(row.take_text("found").unwrap_or_else(|| "[]".to_owned()))
+}
+
+/// The JSON aggregate and array constructor of each backend.
+fn json_functions(dialect: Dialect) -> (&'static str, &'static str) {
+    match dialect {
+        Dialect::Postgres => ("json_agg", "json_build_array"),
+        Dialect::Sqlite => ("json_group_array", "json_array"),
+    }
+}
+
+/// `orders` as `"orders"`, `billing.orders` as `"billing"."orders"` (the derive validated
+/// the names: letters, digits and `_`).
+fn quoted(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{part}\""))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// "1 row", "2 rows".
+fn rows(n: i64) -> String {
+    if n == 1 {
+        "1 row".to_owned()
+    } else {
+        format!("{n} rows")
+    }
+}
+
+fn decode(e: serde_json::Error) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(e))
+}
+
+/// What [`verify`] found: every problem, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a report does nothing unless its problems are looked at, e.g. with `.into_result()?`"]
+pub struct SchemaReport {
+    /// The Rust name of the machine checked.
+    pub machine: &'static str,
+    /// Every problem found, in the order checked (the machine's table, its rows, the
+    /// results table, the inbox).
+    pub problems: Vec<SchemaProblem>,
+}
+
+impl SchemaReport {
+    /// Whether the database matches: no problem found.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// `Ok(())` when there is no problem, else the report as an error (its `Display` lists
+    /// every problem).
+    pub fn into_result(self) -> Result<(), SchemaReport> {
+        if self.is_ok() { Ok(()) } else { Err(self) }
+    }
+}
+
+impl fmt::Display for SchemaReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_ok() {
+            return write!(
+                f,
+                "the database matches the state machine `{}`",
+                self.machine
+            );
+        }
+        write!(
+            f,
+            "the database does not match the state machine `{}`:",
+            self.machine
+        )?;
+        for problem in &self.problems {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SchemaReport {}
+
+/// The part a column plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ColumnRole {
+    /// A column of the machine's key.
+    Key,
+    /// The machine's state column.
+    State,
+    /// The machine's version column.
+    Version,
+    /// A column of one of idem's own tables.
+    Idem,
+}
+
+impl ColumnRole {
+    fn described(self) -> &'static str {
+        match self {
+            ColumnRole::Key => "a key column",
+            ColumnRole::State => "the state column",
+            ColumnRole::Version => "the version column",
+            ColumnRole::Idem => "a column idem uses",
+        }
+    }
+
+    fn expected(self) -> &'static str {
+        match self {
+            ColumnRole::Key => "an integer, numeric, text or uuid",
+            ColumnRole::State => "text, varchar or an ENUM",
+            ColumnRole::Version => "an integer or numeric",
+            ColumnRole::Idem => "as idem's migrations create it",
+        }
+    }
+}
+
+/// One way the database differs from what the machine and idem need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    /// The table does not exist (as the connection's search path resolves it).
+    MissingTable {
+        /// The table's name.
+        table: String,
+    },
+    /// The table has no such column.
+    MissingColumn {
+        /// The table's name.
+        table: String,
+        /// The column's name.
+        column: String,
+        /// What the column is for.
+        role: ColumnRole,
+    },
+    /// The column's type cannot hold what idem binds to it (PostgreSQL).
+    UnusableType {
+        /// The table's name.
+        table: String,
+        /// The column's name.
+        column: String,
+        /// What the column is for.
+        role: ColumnRole,
+        /// The column's type, as the database names it.
+        found: String,
+    },
+    /// Rows hold state values the machine does not declare: a transition on them ends in
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow).
+    UndeclaredStates {
+        /// The table's name.
+        table: String,
+        /// The state column.
+        column: String,
+        /// The most frequent undeclared values (at most ten) and their row counts.
+        values: Vec<(String, i64)>,
+        /// How many distinct undeclared values there are.
+        distinct: usize,
+        /// How many rows hold one.
+        rows: i64,
+    },
+    /// Rows have no state (NULL).
+    NullStates {
+        /// The table's name.
+        table: String,
+        /// The state column.
+        column: String,
+        /// How many rows.
+        rows: i64,
+    },
+    /// Rows have no version (NULL): a transition never moves them (its guard is
+    /// `version IS NOT NULL`).
+    NullVersions {
+        /// The table's name.
+        table: String,
+        /// The version column.
+        column: String,
+        /// How many rows.
+        rows: i64,
+    },
+    /// One of idem's own tables is from an older version of idem.
+    OutdatedTable {
+        /// The table's name.
+        table: String,
+        /// What differs, and how to fix it.
+        problem: String,
+    },
+}
+
+impl fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaProblem::MissingTable { table } => {
+                write!(f, "there is no table `{table}`")
+            }
+            SchemaProblem::MissingColumn {
+                table,
+                column,
+                role,
+            } => write!(
+                f,
+                "table `{table}` has no column `{column}` ({})",
+                role.described()
+            ),
+            SchemaProblem::UnusableType {
+                table,
+                column,
+                role,
+                found,
+            } => write!(
+                f,
+                "column `{table}.{column}` ({}) is of type `{found}`; it must be {}",
+                role.described(),
+                role.expected()
+            ),
+            SchemaProblem::UndeclaredStates {
+                table,
+                column,
+                values,
+                distinct,
+                rows: total,
+            } => {
+                let shown = values
+                    .iter()
+                    .map(|(value, n)| format!("{value:?} ({})", rows(*n)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let more = distinct.saturating_sub(values.len());
+                let more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
+                write!(
+                    f,
+                    "`{table}`: states the machine does not declare in `{column}`, in {}: \
+                     {shown}{more}; declare them or correct the rows",
+                    rows(*total)
+                )
+            }
+            SchemaProblem::NullStates {
+                table,
+                column,
+                rows: n,
+            } => write!(
+                f,
+                "`{table}`: {} with no state (`{column}` is NULL)",
+                rows(*n)
+            ),
+            SchemaProblem::NullVersions {
+                table,
+                column,
+                rows: n,
+            } => write!(
+                f,
+                "`{table}`: {} with no version (`{column}` is NULL), which no transition moves",
+                rows(*n)
+            ),
+            SchemaProblem::OutdatedTable { table, problem } => {
+                write!(f, "idem's table `{table}` is outdated: {problem}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The columns checked are the columns the migrations create.
+    #[test]
+    fn the_checked_columns_are_the_migrated_ones() {
+        for migration in [
+            crate::inbox::POSTGRES_MIGRATION,
+            crate::inbox::SQLITE_MIGRATION,
+        ] {
+            let table = |name: &str| {
+                let start = migration
+                    .find(&format!("CREATE TABLE IF NOT EXISTS {name} ("))
+                    .unwrap();
+                let end = start + migration[start..].find(");").unwrap();
+                migration[start..end].to_owned()
+            };
+            let columns = |ddl: String| -> Vec<String> {
+                ddl.lines()
+                    .skip(1)
+                    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                    .filter(|c| c != "PRIMARY")
+                    .collect()
+            };
+            assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
+            assert_eq!(columns(table("idem_results")), RESULT_COLUMNS);
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_per_part() {
+        assert_eq!(quoted("orders"), "\"orders\"");
+        assert_eq!(quoted("billing.orders"), "\"billing\".\"orders\"");
+        assert_eq!(rows(1), "1 row");
+        assert_eq!(rows(0), "0 rows");
+    }
+}
