@@ -109,3 +109,26 @@ fn migrations_create_the_results_table_the_derive_describes() {
         );
     }
 }
+
+/// The README's picture of the order machine is the one the derive draws, in a grey that
+/// reads on light and dark pages (in rustdoc it takes the text's colour)
+/// (`IDEM_BLESS=1 cargo test --test readme` rewrites it after a reviewed change).
+#[test]
+fn readme_shows_the_machine_as_drawn() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/order-machine.svg");
+    let drawn = Order::IDEM_GRAPH.replacen("<svg ", "<svg style=\"color: #808080\" ", 1);
+    if std::env::var("IDEM_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(path, format!("{drawn}\n")).unwrap();
+    }
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(
+        committed.trim_end(),
+        drawn,
+        "docs/order-machine.svg differs from the drawing of the README's machine"
+    );
+    let readme = include_str!("../README.md");
+    assert!(
+        readme.contains("](docs/order-machine.svg)"),
+        "README.md shows the picture"
+    );
+}

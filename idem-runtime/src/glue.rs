@@ -35,6 +35,12 @@ pub const fn machine<M: Machine>() -> MachineRef<M> {
     }
 }
 
+/// A machine's picture, as the derive drew it. A call rather than the literal, so that
+/// rustdoc does not print the whole SVG source as the constant's value.
+pub const fn picture(svg: &'static str) -> &'static str {
+    svg
+}
+
 /// How a handler's result is stored and replayed.
 pub struct Codec<T> {
     pub(crate) encode: fn(&T) -> serde_json::Result<String>,

@@ -59,7 +59,7 @@ pub use work::Source;
 pub mod __private {
     pub use crate::backend::Dialect;
     pub use crate::engine::{TransitionPlan, TransitionStage};
-    pub use crate::glue::{Codec, MachineRef, codec, machine};
+    pub use crate::glue::{Codec, MachineRef, codec, machine, picture};
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
     pub use crate::work::{
         Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,

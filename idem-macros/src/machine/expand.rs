@@ -2,6 +2,7 @@
 //! SQL included, is a constant, and a documented `IDEM_SQL` constant on the enum.
 
 use super::check::Checked;
+use super::graph;
 use crate::sql::{self, Names, Statements};
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -36,6 +37,9 @@ pub fn expand(m: &Checked) -> TokenStream {
     let postgres_tokens = statements_tokens(&postgres);
     let sqlite_tokens = statements_tokens(&sqlite);
     let doc = sql_doc(m, &postgres, &sqlite);
+    let state_db_names: Vec<&str> = m.states.iter().map(|(_, n)| n.as_str()).collect();
+    let picture = graph::svg(&name, &state_db_names, &m.transitions);
+    let graph_doc = graph_doc(m, &picture);
     quote! {
         const _: () = {
             impl ::idem::Machine for #ident {
@@ -74,6 +78,9 @@ pub fn expand(m: &Checked) -> TokenStream {
                 #[doc = #doc]
                 pub const IDEM_SQL: &'static ::idem::MachineSql =
                     &<#ident as ::idem::Machine>::DEFINITION.sql;
+
+                #[doc = #graph_doc]
+                pub const IDEM_GRAPH: &'static str = ::idem::__private::picture(#picture);
             }
         };
     }
@@ -132,6 +139,22 @@ fn statements_tokens(s: &Statements) -> TokenStream {
             create_results_table: #create_results_table,
         }
     }
+}
+
+fn graph_doc(m: &Checked, picture: &str) -> String {
+    let finals: Vec<String> = (0..m.states.len())
+        .filter(|&s| !m.transitions.iter().any(|&(from, _)| from as usize == s))
+        .map(|s| format!("`{}`", m.states[s].1))
+        .collect();
+    format!(
+        "The state machine `{ident}`, drawn by `#[derive(StateMachine)]`: its states (by their \
+         database names), its transitions, the initial states (the arrow from a dot) and the \
+         final states ({finals}, double border).\n\n\
+         {picture}\n\n\
+         The value is the picture's SVG source, to save as a file (e.g. for a README).\n",
+        ident = m.ident,
+        finals = finals.join(", "),
+    )
 }
 
 fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {

@@ -3,6 +3,7 @@
 mod ast;
 mod check;
 mod expand;
+mod graph;
 
 use crate::ctxt::{Ctxt, with_fallback};
 use proc_macro2::TokenStream;
