@@ -27,6 +27,8 @@ mod retry;
 mod schema;
 mod sql;
 mod stored;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod transition;
 mod verify;
 mod work;
