@@ -638,5 +638,7 @@ async fn connect(database_url: Option<String>) -> Result<(AnyPool, String), Box<
     // (a missing column, a state the machine does not declare, …), not the first failing
     // transition.
     idem::verify::<Order, _>(&pool).await?.into_result()?;
+    // And let the database refuse any other writer's UPDATE along no declared transition.
+    idem::enforce::<Order, _>(&pool).await?;
     Ok((pool, backend))
 }

@@ -132,3 +132,13 @@ fn readme_shows_the_machine_as_drawn() {
         "README.md shows the picture"
     );
 }
+
+#[test]
+fn readme_shows_the_enforcing_sql() {
+    let readme = include_str!("../README.md");
+    let enforce = Order::IDEM_SQL.postgres.enforce;
+    assert!(
+        readme.contains(&format!("```sql\n{enforce}\n```")),
+        "README.md does not show the enforcing script as generated:\n{enforce}"
+    );
+}

@@ -88,6 +88,7 @@ mod tests {
         classify: "",
         store_result: "",
         create_results_table: "",
+        enforce: "",
     };
 
     // CREATED(0) -> PAID(1) -> SHIPPED(2); CREATED -> CANCELLED(3)

@@ -52,4 +52,10 @@ pub struct Statements {
     pub store_result: &'static str,
     /// Creates the results table if it does not exist.
     pub create_results_table: &'static str,
+    /// Makes the database enforce the machine, whoever writes the table: only declared
+    /// states in the state column, and an UPDATE of it only along a declared transition
+    /// (PostgreSQL: a CHECK constraint and a row trigger, SQLSTATE 23514; SQLite: two
+    /// triggers, `RAISE(ABORT)`). A script of several statements, rerunnable; apply it
+    /// with [`enforce`](crate::enforce) or in a migration of yours.
+    pub enforce: &'static str,
 }

@@ -3,6 +3,7 @@
 
 use super::check::Checked;
 use super::graph;
+use crate::enforce;
 use crate::sql::{self, Names, Statements};
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -34,10 +35,18 @@ pub fn expand(m: &Checked) -> TokenStream {
         .map(|(i, (v, _))| quote!(#ident::#v => #i));
     let transitions = m.transitions.iter().map(|(a, b)| quote!((#a, #b)));
     let reachable = m.reachable.iter().map(|(a, b)| quote!((#a, #b)));
-    let postgres_tokens = statements_tokens(&postgres);
-    let sqlite_tokens = statements_tokens(&sqlite);
-    let doc = sql_doc(m, &postgres, &sqlite);
     let state_db_names: Vec<&str> = m.states.iter().map(|(_, n)| n.as_str()).collect();
+    let enforced = enforce::Machine {
+        name: &name,
+        table,
+        state,
+        states: &state_db_names,
+        transitions: &m.transitions,
+    };
+    let (enforce_postgres, enforce_sqlite) = (enforced.postgres(), enforced.sqlite());
+    let postgres_tokens = statements_tokens(&postgres, &enforce_postgres);
+    let sqlite_tokens = statements_tokens(&sqlite, &enforce_sqlite);
+    let doc = sql_doc(m, &postgres, &sqlite, &enforce_postgres);
     let picture = graph::svg(&name, &state_db_names, &m.transitions);
     let graph_doc = graph_doc(m, &picture);
     quote! {
@@ -101,6 +110,7 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         classify: "",
         store_result: "",
         create_results_table: "",
+        enforce: "",
     });
     let name = ident.to_string();
     quote! {
@@ -118,7 +128,7 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
     }
 }
 
-fn statements_tokens(s: &Statements) -> TokenStream {
+fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
     let Statements {
         transition,
         transition_guarded,
@@ -137,6 +147,7 @@ fn statements_tokens(s: &Statements) -> TokenStream {
             classify: #classify,
             store_result: #store_result,
             create_results_table: #create_results_table,
+            enforce: #enforce,
         }
     }
 }
@@ -157,7 +168,7 @@ fn graph_doc(m: &Checked, picture: &str) -> String {
     )
 }
 
-fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
+fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &str) -> String {
     let states = m
         .states
         .iter()
@@ -209,7 +220,12 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
          With an expected version:\n\n```sql\n{pg_guarded}\n```\n\n\
          # Both\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
-         The results table (PostgreSQL):\n\n```sql\n{create}\n```\n",
+         The results table (PostgreSQL):\n\n```sql\n{create}\n```\n\n\
+         # The database enforcing the machine\n\n\
+         Optional: [`idem::enforce`] installs (or a migration of yours runs) a CHECK of the \
+         declared states and a trigger refusing an UPDATE of `{state}` along no declared \
+         transition, whoever writes the table (PostgreSQL; SQLite uses two triggers):\n\n\
+         ```sql\n{enforce}\n```\n",
         ident = m.ident,
         table = m.table,
         key_columns = key_columns,
@@ -225,5 +241,6 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements) -> String {
         classify = sqlite.classify,
         store = postgres.store_result,
         create = postgres.create_results_table,
+        enforce = enforce,
     )
 }

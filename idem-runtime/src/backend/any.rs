@@ -80,4 +80,10 @@ impl Backend for Any {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         generic::execute::<Any>(conn, sql, params, sqlx::any::AnyQueryResult::rows_affected)
     }
+
+    async fn execute_script(conn: &mut AnyConnection, sql: &str) -> Result<(), sqlx::Error> {
+        // A query without arguments runs as a script (PostgreSQL's simple protocol; SQLite
+        // steps through every statement), and its future is already `Send`.
+        sqlx::Executor::execute(conn, sql).await.map(drop)
+    }
 }

@@ -60,6 +60,13 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         sql: &'a str,
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Runs a script of several statements, none with parameters (DDL).
+    #[doc(hidden)]
+    fn execute_script<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 }
 
 /// A bound value.

@@ -76,4 +76,10 @@ impl Backend for Postgres {
             sqlx::postgres::PgQueryResult::rows_affected,
         )
     }
+
+    async fn execute_script(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+        // A query without arguments runs as a script (PostgreSQL's simple protocol; SQLite
+        // steps through every statement), and its future is already `Send`.
+        sqlx::Executor::execute(conn, sql).await.map(drop)
+    }
 }

@@ -45,6 +45,12 @@ impl Backend for Sqlite {
             sqlx::sqlite::SqliteQueryResult::rows_affected,
         )
     }
+
+    async fn execute_script(conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
+        // A query without arguments runs as a script (PostgreSQL's simple protocol; SQLite
+        // steps through every statement), and its future is already `Send`.
+        sqlx::Executor::execute(conn, sql).await.map(drop)
+    }
 }
 
 /// Connect options for a SQLite database used by idem: WAL journal, `synchronous = FULL`,

@@ -1,0 +1,39 @@
+//! Installing a machine's enforcement in the database (see [`Statements::enforce`]).
+//!
+//! [`Statements::enforce`]: crate::Statements::enforce
+
+use crate::backend::{Backend, begin_write};
+use crate::machine::Machine;
+use sqlx::Pool;
+
+/// Makes the database enforce the state machine `M`, whoever writes its table: the state
+/// column holds only declared states, and an UPDATE moves it only along a declared
+/// transition — so a hand-written `UPDATE orders SET status = 'SHIPPED'` elsewhere in a
+/// codebase fails instead of breaking the workflow. idem's own transitions pass.
+///
+/// On PostgreSQL: a CHECK constraint `idem_<table>_<state>_declared` and a row trigger
+/// `idem_<table>_<state>_edges`, whose refusal is SQLSTATE 23514 (`check_violation`) with a
+/// message naming both states. On SQLite, which cannot add a constraint to a table, two
+/// triggers (`…_declared` on INSERT, `…_edges` on UPDATE) that abort the statement. NULL
+/// states are left to the column's own `NOT NULL`. The script is `M::IDEM_SQL.postgres.enforce`
+/// (or `.sqlite.enforce`): run it here, once at start-up (it is rerunnable: every object is
+/// dropped or replaced first), or copy it into your migrations.
+///
+/// Adding the CHECK fails if a row already holds an undeclared state: run
+/// [`verify`](crate::verify) first, and correct or declare what it lists. The cost on each
+/// transition is measured in BENCHMARKS.md ("The database enforcing the machine").
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+/// idem::enforce::<Order, _>(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn enforce<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    let (mut tx, _writer) = begin_write(pool).await?;
+    let script = DB::dialect(&tx).statements(M::DEFINITION).enforce;
+    DB::execute_script(&mut tx, script).await?;
+    tx.commit().await
+}
