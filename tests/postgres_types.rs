@@ -98,11 +98,41 @@ async fn an_enum_state_column_works_in_both_classification_forms() {
         let Some(pool) = setup(&schema, column_type).await else {
             return;
         };
-        // This binary's only test: pinning the form process-wide is safe here.
+        // Pinning the form process-wide is safe here: every test of this binary works in
+        // either form.
         for form in [Classification::Inline, Classification::OnMiss] {
             idem::set_postgres_classification(form);
             every_outcome(&pool).await;
         }
         idem::set_postgres_classification(Classification::Adaptive);
     }
+}
+
+/// `idem::verify` accepts an ENUM state column, and `idem::enforce` works on one: the CHECK
+/// and the trigger compare the states as text.
+#[tokio::test]
+async fn an_enum_state_column_is_verified_and_enforced() {
+    let Some(pool) = setup(
+        &format!("types_enforce_{}", common::next_id()),
+        "shipment_status",
+    )
+    .await
+    else {
+        return;
+    };
+    let report = idem::verify::<Shipment, _>(&pool).await.unwrap();
+    assert!(report.is_ok(), "{report}");
+    idem::enforce::<Shipment, _>(&pool).await.unwrap();
+    assert_eq!(pack(&pool, 1).await.unwrap(), Outcome::Applied(10));
+    assert!(send(&pool, 1).await.unwrap().is_applied());
+    let refused = sqlx::query("UPDATE shipments SET status = 'SENT' WHERE shipment_id = 3")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let refused = refused.as_database_error().unwrap();
+    assert_eq!(refused.code().as_deref(), Some("23514"));
+    assert_eq!(
+        refused.message(),
+        "idem: CREATED -> SENT is not a transition of the state machine Shipment"
+    );
 }
