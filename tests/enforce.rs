@@ -2,26 +2,11 @@
 //! UPDATE along an undeclared transition, from any writer; idem's own transitions pass.
 
 mod common;
+#[path = "common/order.rs"]
+mod order;
 
-use idem::{Outcome, StateMachine};
-
-#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(
-    table = "orders",
-    key = "order_id",
-    state = "status",
-    version = "version"
-)]
-pub enum Order {
-    #[state(name = "CREATED", to(Paid, Cancelled))]
-    Created,
-    #[state(name = "PAID", to(Shipped))]
-    Paid,
-    #[state(name = "SHIPPED")]
-    Shipped,
-    #[state(name = "CANCELLED")]
-    Cancelled,
-}
+use idem::Outcome;
+use order::Order;
 
 macro_rules! enforce_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $refusal:expr) => {

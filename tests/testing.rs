@@ -2,28 +2,13 @@
 //! with the answers in the message — on handlers that are not.
 
 mod common;
+#[path = "common/order.rs"]
+mod order;
 
+use idem::Outcome;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::testing::{Shuffles, assert_applied_once, assert_shuffled};
-use idem::{Outcome, StateMachine};
-
-#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(
-    table = "orders",
-    key = "order_id",
-    state = "status",
-    version = "version"
-)]
-pub enum Order {
-    #[state(name = "CREATED", to(Paid, Cancelled))]
-    Created,
-    #[state(name = "PAID", to(Shipped))]
-    Paid,
-    #[state(name = "SHIPPED")]
-    Shipped,
-    #[state(name = "CANCELLED")]
-    Cancelled,
-}
+use order::Order;
 
 /// An event of the order stream, as a broker delivers it (with duplicates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -2,26 +2,11 @@
 //! is reported, all of them in one report.
 
 mod common;
+#[path = "common/order.rs"]
+mod order;
 
 use idem::{ColumnRole, SchemaProblem, StateMachine};
-
-#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(
-    table = "orders",
-    key = "order_id",
-    state = "status",
-    version = "version"
-)]
-pub enum Order {
-    #[state(name = "CREATED", to(Paid, Cancelled))]
-    Created,
-    #[state(name = "PAID", to(Shipped))]
-    Paid,
-    #[state(name = "SHIPPED")]
-    Shipped,
-    #[state(name = "CANCELLED")]
-    Cancelled,
-}
+use order::Order;
 
 /// A machine whose table the databases do not have.
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]

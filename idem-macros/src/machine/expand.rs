@@ -154,7 +154,7 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
 
 fn graph_doc(m: &Checked, picture: &str) -> String {
     let finals: Vec<String> = (0..m.states.len())
-        .filter(|&s| !m.transitions.iter().any(|&(from, _)| from as usize == s))
+        .filter(|&s| graph::is_final(s, &m.transitions))
         .map(|s| format!("`{}`", m.states[s].1))
         .collect();
     format!(

@@ -70,7 +70,7 @@ pub fn svg(machine: &str, names: &[&str], edges: &[(u16, u16)]) -> String {
     for (state, name) in names.iter().enumerate() {
         let (x, y) = corner(state);
         let initial = !edges.iter().any(|&(_, to)| to as usize == state);
-        let last = !edges.iter().any(|&(from, _)| from as usize == state);
+        let last = is_final(state, edges);
         if initial {
             let cy = y + BOX_HEIGHT / 2;
             let _ = write!(
@@ -105,6 +105,11 @@ pub fn svg(machine: &str, names: &[&str], edges: &[(u16, u16)]) -> String {
     }
     out.push_str("</svg>");
     out
+}
+
+/// Whether no transition leaves `state`.
+pub fn is_final(state: usize, edges: &[(u16, u16)]) -> bool {
+    !edges.iter().any(|&(from, _)| from as usize == state)
 }
 
 /// Each state's column: 0 for a state no transition leads to, else one more than the
