@@ -173,7 +173,8 @@ macro_rules! routes {
                 let insert = if $begin == "BEGIN" {
                     "INSERT INTO idem_inbox (consumer_group, message_key, fingerprint, status, attempts, \
                      lease_until, created_at, updated_at) SELECT $1, $2, $3, 'SUCCESS', 1, NULL, $4, $4 \
-                     WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, 0)) \
+                     WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, \
+                         CAST(CAST(CAST('idem_inbox' AS regclass) AS oid) AS bigint))) \
                      ON CONFLICT (consumer_group, message_key) DO NOTHING"
                 } else {
                     "INSERT INTO idem_inbox (consumer_group, message_key, fingerprint, status, attempts, \

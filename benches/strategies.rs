@@ -54,6 +54,12 @@ enum Strategy {
     /// `Idem` inside the caller's transaction: the caller begins (SQLite: `BEGIN
     /// IMMEDIATE`) and commits; idem works in a savepoint.
     IdemInTransaction,
+    /// `Idem` that also records the payment's time and amount on the order, with a second
+    /// UPDATE in its body.
+    IdemColumnsInBody,
+    /// The same, with `set(paid_at = now(), amount)`: in the transition's own UPDATE, one
+    /// statement fewer.
+    IdemColumnsSet,
     /// The floor: conditional UPDATE, the insert if it matched, a classifying SELECT if not.
     HandWritten,
     /// The floor on SQLite through a single connection (one writer, no busy waiting).
@@ -78,6 +84,8 @@ impl Strategy {
             Strategy::IdemStored => "idem-stored",
             Strategy::IdemTraced => "idem-traced",
             Strategy::IdemInTransaction => "idem-tx",
+            Strategy::IdemColumnsInBody => "idem-columns-body",
+            Strategy::IdemColumnsSet => "idem-set",
             Strategy::HandWritten => "floor",
             Strategy::HandWrittenOneConnection => "floor-1",
             Strategy::HandWrittenIdemStatement => "idem-statement",
@@ -93,6 +101,8 @@ impl Strategy {
             Strategy::IdemStored => "idem, result stored",
             Strategy::IdemTraced => "idem, traced",
             Strategy::IdemInTransaction => "idem, in the caller's transaction",
+            Strategy::IdemColumnsInBody => "idem, columns by the body's UPDATE",
+            Strategy::IdemColumnsSet => "idem, columns by `set(…)`",
             Strategy::HandWritten => "hand-written (floor)",
             Strategy::HandWrittenOneConnection => "hand-written, 1 connection",
             Strategy::HandWrittenIdemStatement => "hand-written, idem's statement",
@@ -148,13 +158,15 @@ struct Statements {
 
 const TABLES_POSTGRES: &str = "
     DROP TABLE IF EXISTS orders, payments, processed;
-    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0);
+    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0,
+                         paid_at TIMESTAMPTZ, amount BIGINT);
     CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
     CREATE TABLE processed (key TEXT PRIMARY KEY);
 ";
 
 const TABLES_SQLITE: &str = "
-    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0);
+    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0,
+                         paid_at TEXT, amount BIGINT);
     CREATE TABLE payments (id INTEGER PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
     CREATE TABLE processed (key TEXT PRIMARY KEY);
 ";
@@ -190,6 +202,42 @@ macro_rules! backend {
                     .execute(&mut **tx)
                     .await?;
                 Ok(order_id * 100)
+            }
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay_columns_in_body(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                amount: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(
+                    "UPDATE orders SET paid_at = CURRENT_TIMESTAMP, amount = $2 WHERE order_id = $1",
+                )
+                .bind(order_id)
+                .bind(amount)
+                .execute(&mut **tx)
+                .await?;
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            #[idem::idempotent(
+                machine = Order, key = "order_id", from = "CREATED", to = "PAID",
+                set(paid_at = now(), amount)
+            )]
+            async fn pay_columns_set(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                amount: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(PAYMENT)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
             }
 
             /// A write transaction as a careful hand-writer opens it.
@@ -385,6 +433,14 @@ macro_rules! backend {
                     }
                     Strategy::IdemInTransaction => in_transaction(pool, order_id)
                         .await
+                        .map_err(|e| e.to_string()),
+                    Strategy::IdemColumnsInBody => pay_columns_in_body(pool, order_id, 100)
+                        .await
+                        .map(|o| o.is_applied())
+                        .map_err(|e| e.to_string()),
+                    Strategy::IdemColumnsSet => pay_columns_set(pool, order_id, 100)
+                        .await
+                        .map(|o| o.is_applied())
                         .map_err(|e| e.to_string()),
                     Strategy::HandWritten | Strategy::HandWrittenOneConnection => {
                         hand_written(pool, order_id)
@@ -709,6 +765,8 @@ fn main() {
             Strategy::IdemStored,
             Strategy::IdemTraced,
             Strategy::IdemInTransaction,
+            Strategy::IdemColumnsInBody,
+            Strategy::IdemColumnsSet,
             Strategy::HandWritten,
             Strategy::HandWrittenIdemStatement,
             Strategy::CheckThenAct,
@@ -773,6 +831,8 @@ fn main() {
         Strategy::IdemStored,
         Strategy::IdemTraced,
         Strategy::IdemInTransaction,
+        Strategy::IdemColumnsInBody,
+        Strategy::IdemColumnsSet,
         Strategy::HandWritten,
         Strategy::HandWrittenOneConnection,
         Strategy::HandWrittenIdemStatement,

@@ -406,6 +406,25 @@ macro_rules! http_tests {
                 assert_eq!(s.executions(), 1);
             }
 
+            /// Two services on one server, each with its tables in a schema of its own
+            /// (SQLite: a file of its own), the same route and the same key: neither sees
+            /// the other's request in flight (PostgreSQL's advisory locks are per
+            /// database, so the key's lock is scoped to the inbox table).
+            #[tokio::test]
+            async fn the_same_key_in_another_schema_is_another_request() {
+                let Some(a) = start().await else { return };
+                let Some(b) = start().await else { return };
+                let first = tokio::spawn(post(a.addr, "/slow", "k-shared", "{}"));
+                while a.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                b.app.gate.add_permits(1);
+                let other = post(b.addr, "/slow", "k-shared", "{}").await;
+                assert_eq!((other.status, other.body.as_str()), (200, "slow 1"), "{other:?}");
+                a.app.gate.add_permits(1);
+                assert_eq!(first.await.unwrap().body, "slow 1");
+            }
+
             #[tokio::test]
             async fn with_wait_a_repeat_waits_for_the_first_and_gets_its_response() {
                 let Some(s) = start().await else { return };

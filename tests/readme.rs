@@ -51,6 +51,39 @@ enum TenantOrder {
     Paid,
 }
 
+/// The README's `set(paid_at = now(), amount = "amount_cents")` handler, built as the
+/// runtime builds it.
+#[test]
+fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
+    use idem::Machine;
+    use idem_sql::transition::{Assignment, Names, SetTo, sqlite};
+    let readme = include_str!("../README.md");
+    let d = Order::DEFINITION;
+    let names = Names {
+        table: d.table,
+        key: d.key_columns,
+        state: d.state_column,
+        version: d.version_column,
+        results: d.results_table,
+    };
+    let set = [
+        Assignment {
+            column: "paid_at",
+            value: SetTo::Now,
+        },
+        Assignment {
+            column: "amount",
+            value: SetTo::Bound,
+        },
+    ];
+    let update = sqlite(&names, &set).update;
+    assert!(
+        readme.contains(&format!("```sql\n{update}\n```")),
+        "README.md does not show the UPDATE with columns set as generated:\n{update}"
+    );
+    assert!(readme.contains("set(paid_at = now(), amount = \"amount_cents\"))]"));
+}
+
 #[test]
 fn readme_shows_the_composite_key_sql() {
     let readme = include_str!("../README.md");

@@ -10,7 +10,6 @@ mod handler;
 mod ident;
 mod keys;
 mod machine;
-mod sql;
 
 use proc_macro::TokenStream;
 
@@ -91,6 +90,25 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// | `from = "STATE"` | the state the row must be in |
 /// | `to = "STATE"` | the state it moves to; `from → to` must be declared |
 /// | `version = "param"` | optional: a parameter (`i64` or `Option<i64>`) with the version the caller read; the transition then also requires `version = $n` |
+/// | `set(column = "param", column = now(), column, …)` | optional: columns the same UPDATE also sets, from a parameter (any `idem::ToColumn`: integers, floats, `bool`, text, bytes, `uuid::Uuid`, an `Option` of one for NULL), from the database's clock (`CURRENT_TIMESTAMP`), or, written alone, from the parameter of the column's name. Not the key, state or version column |
+///
+/// ```
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "order_id", state = "status")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// # use sqlx::{Sqlite, Transaction};
+/// // UPDATE "orders"
+/// // SET "status" = $3, "version" = "version" + 1, "paid_at" = CURRENT_TIMESTAMP, "amount" = $4
+/// // WHERE "order_id" = $1 AND "status" = $2 AND "version" IS NOT NULL
+/// #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID",
+///                    set(paid_at = now(), amount = "amount_cents"))]
+/// async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount_cents: i64)
+///     -> Result<(), sqlx::Error>
+/// {
+///     let _ = tx; // nothing else to write: the UPDATE did it all
+///     Ok(())
+/// }
+/// ```
 ///
 /// The first parameter must be the transaction, `&mut sqlx::Transaction<'_, DB>` with `DB`
 /// one of `Sqlite`, `Postgres`, `Any`; the function must be `async` and return

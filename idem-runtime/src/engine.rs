@@ -3,6 +3,7 @@
 use crate::backend::{Backend, Dialect, Param, Record};
 use crate::classification::MissRate;
 use crate::classify::{Classified, Observed, classify};
+use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
@@ -79,6 +80,14 @@ pub struct TransitionStage<M> {
     key: Result<Key, KeyError>,
     key_text: String,
     expected_version: Option<i64>,
+    set: Option<Setting>,
+}
+
+/// The columns a handler sets in the UPDATE, and their values (or the first that cannot
+/// be bound).
+struct Setting {
+    columns: &'static SetColumns,
+    values: Result<Vec<ColumnValue>, (&'static str, ColumnProblem)>,
 }
 
 /// Why the transition stage did not move its row.
@@ -108,7 +117,24 @@ impl<M> TransitionStage<M> {
             key,
             key_text,
             expected_version,
+            set: None,
         }
+    }
+
+    /// The stage that also sets `columns` in the UPDATE, to `values` (one per bound
+    /// column, in order).
+    pub fn set(
+        mut self,
+        columns: &'static SetColumns,
+        values: Vec<Result<ColumnValue, ColumnProblem>>,
+    ) -> Self {
+        let values = columns
+            .bound()
+            .zip(values)
+            .map(|(column, value)| value.map_err(|problem| (column, problem)))
+            .collect();
+        self.set = Some(Setting { columns, values });
+        self
     }
 
     pub(crate) fn check(&self) -> Result<(), Error<Infallible>> {
@@ -120,6 +146,16 @@ impl<M> TransitionStage<M> {
         let parts = key.parts().len();
         if parts != columns {
             return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
+        }
+        if let Some(Setting {
+            values: Err((column, problem)),
+            ..
+        }) = &self.set
+        {
+            return Err(Error::InvalidColumn {
+                column,
+                problem: problem.clone(),
+            });
         }
         Ok(())
     }
@@ -145,12 +181,29 @@ impl<M> TransitionStage<M> {
             .as_ref()
             .map_err(|e| Error::InvalidKey(e.clone()))?;
         let transition = self.transition;
+        let dialect = DB::dialect(conn);
+        let set = match &self.set {
+            None => None,
+            Some(Setting { columns, values }) => {
+                let values = values
+                    .as_ref()
+                    .map_err(|(column, problem)| Error::InvalidColumn {
+                        column,
+                        problem: problem.clone(),
+                    })?;
+                Some((
+                    columns.statements(dialect, transition.definition),
+                    values.as_slice(),
+                ))
+            }
+        };
         let call = Call {
             transition: &transition,
-            dialect: DB::dialect(conn),
+            dialect,
             key,
             key_text: &self.key_text,
             expected_version: self.expected_version,
+            set,
         };
         let misses = MissRate::of(&transition);
         let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
@@ -200,6 +253,16 @@ impl<T, M> TransitionPlan<T, M> {
             stage: TransitionStage::new(machine, transition, key, expected_version),
             codec,
         }
+    }
+
+    /// The plan that also sets `columns` in the UPDATE, see [`TransitionStage::set`].
+    pub fn set(
+        mut self,
+        columns: &'static SetColumns,
+        values: Vec<Result<ColumnValue, ColumnProblem>>,
+    ) -> Self {
+        self.stage = self.stage.set(columns, values);
+        self
     }
 }
 
@@ -303,6 +366,8 @@ struct Call<'a> {
     key: &'a Key,
     key_text: &'a str,
     expected_version: Option<i64>,
+    /// The handler's own statements and the values of the columns they set, if it sets any.
+    set: Option<(&'a idem_sql::transition::Statements, &'a [ColumnValue])>,
 }
 
 impl<'a> Call<'a> {
@@ -314,6 +379,38 @@ impl<'a> Call<'a> {
             params.push(param);
         }
         params
+    }
+
+    /// The parameters of a statement that moves the row: [`params`](Self::params), then
+    /// the values of the columns the handler sets.
+    fn update_params(&self, rest: &[Param<'a>]) -> Params<'a> {
+        let mut params = self.params(rest);
+        for value in self.set.map_or(&[][..], |(_, values)| values) {
+            params.push(Param::Column(value));
+        }
+        params
+    }
+
+    /// The statements that move the row: `(transition, transition_guarded, update,
+    /// update_guarded)`, the handler's when it sets columns, else the machine's.
+    fn updates(&self) -> [&'a str; 4] {
+        match self.set {
+            Some((sql, _)) => [
+                &sql.transition,
+                &sql.transition_guarded,
+                &sql.update,
+                &sql.update_guarded,
+            ],
+            None => {
+                let sql = self.dialect.statements(self.transition.definition);
+                [
+                    sql.transition,
+                    sql.transition_guarded,
+                    sql.update,
+                    sql.update_guarded,
+                ]
+            }
+        }
     }
 }
 
@@ -389,17 +486,18 @@ async fn attempt<DB: Backend>(
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = call.dialect.statements(t.definition);
+    let [transition, transition_guarded, update, update_guarded] = call.updates();
     let (from, to) = (Param::State(t.from_name()), Param::State(t.to_name()));
     let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
     if inline && call.dialect == Dialect::Postgres {
         let columns = match call.expected_version {
             None => {
-                let params = call.params(&[from, to, machine, key_text]);
-                DB::fetch(conn, sql.transition, &params).await?
+                let params = call.update_params(&[from, to, machine, key_text]);
+                DB::fetch(conn, transition, &params).await?
             }
             Some(v) => {
-                let params = call.params(&[from, to, machine, key_text, Param::Int(v)]);
-                DB::fetch(conn, sql.transition_guarded, &params).await?
+                let params = call.update_params(&[from, to, machine, key_text, Param::Int(v)]);
+                DB::fetch(conn, transition_guarded, &params).await?
             }
         };
         let record = columns.unwrap_or_default();
@@ -409,10 +507,10 @@ async fn attempt<DB: Backend>(
             .then(|| observed(record)));
     }
     let updated = match call.expected_version {
-        None => DB::execute(conn, sql.update, &call.params(&[from, to])).await?,
+        None => DB::execute(conn, update, &call.update_params(&[from, to])).await?,
         Some(v) => {
-            let params = call.params(&[from, to, Param::Int(v)]);
-            DB::execute(conn, sql.update_guarded, &params).await?
+            let params = call.update_params(&[from, to, Param::Int(v)]);
+            DB::execute(conn, update_guarded, &params).await?
         }
     };
     if updated > 0 {

@@ -1,5 +1,6 @@
 //! Errors: the handler's own, the database's, and bad data or input.
 
+use crate::column::ColumnProblem;
 use crate::key::KeyError;
 
 /// Why an `#[idempotent]` call did not produce an [`Outcome`](crate::Outcome).
@@ -24,6 +25,15 @@ pub enum Error<E> {
     },
     /// The key is not acceptable (empty, too long, control characters).
     InvalidKey(KeyError),
+    /// A parameter's value cannot be bound to the column `set(…)` sets it to (an integer
+    /// out of range, text holding NUL). Nothing ran. A value the column's type refuses is
+    /// the database's error ([`Error::Database`]), and rolls back as well.
+    InvalidColumn {
+        /// The column.
+        column: &'static str,
+        /// What is wrong with the value.
+        problem: ColumnProblem,
+    },
     /// The row holds data the machine cannot interpret: an undeclared state name, a NULL
     /// state or version. Nothing was changed; fix the row.
     CorruptRow {
@@ -140,6 +150,7 @@ impl<E> Error<E> {
             Error::Database(e) => Error::Database(e),
             Error::Contention { attempts, last } => Error::Contention { attempts, last },
             Error::InvalidKey(e) => Error::InvalidKey(e),
+            Error::InvalidColumn { column, problem } => Error::InvalidColumn { column, problem },
             Error::CorruptRow {
                 machine,
                 table,
@@ -185,6 +196,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
                 "gave up after {attempts} attempts lost to concurrent transactions; nothing was applied (last: {last})"
             ),
             Error::InvalidKey(e) => write!(f, "invalid key: {e}"),
+            Error::InvalidColumn { column, problem } => write!(
+                f,
+                "invalid value for column `{column}`: {problem}; nothing was written"
+            ),
             Error::CorruptRow {
                 machine,
                 table,
@@ -235,6 +250,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Database(e) => Some(e),
             Error::Contention { last, .. } => Some(last),
             Error::InvalidKey(e) => Some(e),
+            Error::InvalidColumn { problem, .. } => Some(problem),
             Error::Result(e) => Some(e),
             Error::CorruptRow { .. }
             | Error::LeaseLost { .. }

@@ -6,6 +6,7 @@
 mod backend;
 mod classification;
 mod classify;
+mod column;
 mod conflict;
 mod enforce;
 mod engine;
@@ -38,6 +39,7 @@ mod work;
 pub use backend::sqlite_options;
 pub use backend::{Backend, is_transient};
 pub use classification::{Classification, set_postgres_classification};
+pub use column::{ColumnProblem, ColumnType, ColumnValue, ToColumn};
 pub use conflict::is_conflict_source;
 pub use enforce::enforce;
 pub use engine::{CallKey, run};
@@ -62,6 +64,7 @@ pub use work::Source;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
+    pub use crate::column::{SetColumns, column_error};
     pub use crate::engine::{TransitionPlan, TransitionStage};
     pub use crate::glue::{Codec, MachineRef, codec, machine, picture};
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
@@ -69,6 +72,7 @@ pub mod __private {
         Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,
     };
     pub use core::convert::AsRef;
+    pub use idem_sql::transition::{Assignment, SetTo};
     pub use sqlx::Pool;
 
     /// Fixes the output type of the handler's body, so `?` inside it converts errors into

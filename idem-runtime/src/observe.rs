@@ -15,7 +15,7 @@
 //! | `idem.key` | the business or message key — only after [`set_trace_keys(true)`](set_trace_keys): keys may be personal data |
 //! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; for a leased claim `claimed`, for its completion `processed`, `failed`, `dead`; `error` |
 //! | `idem.retries` | conflicts lost before the body and retried |
-//! | `error.type` | for `error`: `handler`, `database`, `contention`, `invalid_key`, `corrupt_row`, `corrupt_record`, `lease_lost`, `result_too_large`, `result` |
+//! | `error.type` | for `error`: `handler`, `database`, `contention`, `invalid_key`, `invalid_column`, `corrupt_row`, `corrupt_record`, `lease_lost`, `result_too_large`, `result` |
 //!
 //! The handler's body runs inside the span, so its own events and spans nest under it.
 //!
@@ -150,6 +150,7 @@ fn error_type<E>(error: &Error<E>) -> &'static str {
         Error::Database(_) => "database",
         Error::Contention { .. } => "contention",
         Error::InvalidKey(_) => "invalid_key",
+        Error::InvalidColumn { .. } => "invalid_column",
         Error::CorruptRow { .. } => "corrupt_row",
         Error::CorruptRecord { .. } => "corrupt_record",
         Error::LeaseLost { .. } => "lease_lost",

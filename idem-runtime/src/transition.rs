@@ -241,14 +241,14 @@ pub struct TransitionError {
 impl TransitionError {
     const CAPACITY: usize = 1024;
 
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         TransitionError {
             buf: [0; TransitionError::CAPACITY],
             len: 0,
         }
     }
 
-    const fn push(mut self, s: &str) -> Self {
+    pub(crate) const fn push(mut self, s: &str) -> Self {
         let bytes = s.as_bytes();
         let mut i = 0;
         while i < bytes.len() && self.len < TransitionError::CAPACITY {

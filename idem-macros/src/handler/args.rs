@@ -1,7 +1,8 @@
 //! The attribute's arguments, in two groups that can be combined:
 //!
 //! - a state transition: `machine = Order, key = "order_id", from = "CREATED", to = "PAID"`,
-//!   and optionally `version = "expected_version"`;
+//!   and optionally `version = "expected_version"` and the columns its UPDATE also sets,
+//!   `set(paid_at = now(), amount = "amount", note)`;
 //! - an inbox delivery: `inbox = "inbox", message = "message_key", payload = "payload"`,
 //!   each naming a parameter.
 
@@ -11,7 +12,7 @@ use crate::keys::KeyNames;
 use proc_macro2::{Span, TokenStream};
 use syn::{LitStr, Path};
 
-pub const KEYS: &str = "machine, key, from, to, version, inbox, message, payload";
+pub const KEYS: &str = "machine, key, from, to, version, set, inbox, message, payload";
 
 pub struct Args {
     pub transition: Option<TransitionArgs>,
@@ -25,6 +26,22 @@ pub struct TransitionArgs {
     pub from: LitStr,
     pub to: LitStr,
     pub version: Option<LitStr>,
+    /// The columns the UPDATE also sets, in the attribute's order.
+    pub set: Vec<SetColumn>,
+}
+
+/// One column of `set(…)`.
+pub struct SetColumn {
+    /// The column's name (a raw identifier without its `r#`), spanned at the user's token.
+    pub column: LitStr,
+    pub value: SetValue,
+}
+
+pub enum SetValue {
+    /// `column = "param"`, or `column` alone for the parameter of the same name.
+    Param(LitStr),
+    /// `column = now()`.
+    Now,
 }
 
 /// Parameter names: the `&Inbox`, the `&MessageKey`, the payload bytes.
@@ -41,6 +58,7 @@ impl Args {
         let mut from = None;
         let mut to = None;
         let mut version = None;
+        let mut set: Option<Vec<SetColumn>> = None;
         let mut inbox = None;
         let mut message = None;
         let mut payload = None;
@@ -57,6 +75,43 @@ impl Args {
                 } else {
                     machine = Some(value);
                 }
+                return Ok(());
+            }
+            if name == "set" {
+                if set.is_some() {
+                    cx.error_spanned_by(
+                        &meta.path,
+                        "`set` is given twice: list every column in one `set(…)`",
+                    );
+                }
+                let mut columns = Vec::new();
+                if !meta.input.peek(syn::token::Paren) {
+                    return Err(meta.error(SET_FORM));
+                }
+                meta.parse_nested_meta(|inner| {
+                    let column = set_column(cx, &inner.path)?;
+                    let value = if inner.input.peek(syn::Token![=]) {
+                        set_value(inner.value()?)?
+                    } else {
+                        SetValue::Param(column.clone())
+                    };
+                    if columns
+                        .iter()
+                        .any(|c: &SetColumn| c.column.value() == column.value())
+                    {
+                        cx.error_spanned_by(
+                            &column,
+                            format!("`set` names the column `{}` twice", column.value()),
+                        );
+                    } else {
+                        columns.push(SetColumn { column, value });
+                    }
+                    Ok(())
+                })?;
+                if columns.is_empty() {
+                    cx.error_spanned_by(&meta.path, format!("`set()` names no column; {SET_FORM}"));
+                }
+                set.get_or_insert_with(Vec::new).extend(columns);
                 return Ok(());
             }
             if name == "key" {
@@ -111,7 +166,8 @@ impl Args {
             || key.is_some()
             || from.is_some()
             || to.is_some()
-            || version.is_some();
+            || version.is_some()
+            || set.is_some();
         let wants_inbox = inbox.is_some() || message.is_some() || payload.is_some();
         if wants_inbox {
             missing_arguments(
@@ -158,6 +214,7 @@ impl Args {
                 from: from?,
                 to: to?,
                 version,
+                set: set.unwrap_or_default(),
             })
         } else {
             None
@@ -172,6 +229,61 @@ impl Args {
             None
         };
         Some(Args { transition, inbox })
+    }
+}
+
+const SET_FORM: &str = "`set` lists the columns the transition's UPDATE also sets, each from a \
+     parameter or the database's clock, e.g. `set(amount = \"amount_cents\", paid_at = now(), note)` \
+     (`note` alone: the parameter `note`)";
+
+/// The column of one entry of `set(…)`: a plain identifier, a valid SQL column name.
+fn set_column(cx: &mut Ctxt, path: &Path) -> syn::Result<LitStr> {
+    let Some(ident) = path.get_ident() else {
+        return Err(syn::Error::new_spanned(
+            path,
+            format!("a column of `set` is one identifier; {SET_FORM}"),
+        ));
+    };
+    let name = syn::ext::IdentExt::unraw(ident).to_string();
+    if let Some(problem) = crate::ident::sql_identifier_problem(&name) {
+        cx.error_spanned_by(ident, format!("column name `{name}` {problem}"));
+    }
+    Ok(LitStr::new(&name, ident.span()))
+}
+
+/// What one entry of `set(…)` sets its column to: `"param"` or `now()`.
+fn set_value(input: syn::parse::ParseStream<'_>) -> syn::Result<SetValue> {
+    let expr: syn::Expr = input.parse()?;
+    match &expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(param),
+            ..
+        }) => Ok(SetValue::Param(param.clone())),
+        syn::Expr::Call(call)
+            if call.args.is_empty()
+                && matches!(&*call.func, syn::Expr::Path(p) if p.path.is_ident("now")) =>
+        {
+            Ok(SetValue::Now)
+        }
+        syn::Expr::Path(p) if p.path.get_ident().is_some() => {
+            let name = p
+                .path
+                .get_ident()
+                .map(|i| i.to_string())
+                .unwrap_or_default();
+            Err(syn::Error::new_spanned(
+                &expr,
+                format!(
+                    "a column of `set` names its parameter as a string: write `= \"{name}\"`, or the column alone when it has the parameter's name"
+                ),
+            ))
+        }
+        _ => Err(syn::Error::new_spanned(
+            &expr,
+            format!(
+                "a column of `set` takes a parameter's name as a string (`= \"amount\"`) or the database's clock (`= now()`); {SET_FORM}"
+            ),
+        )),
     }
 }
 
@@ -218,7 +330,13 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
             ("payload", &i.payload),
         ]);
     }
-    for (what, lit) in &named {
+    let set_params = args.transition.iter().flat_map(|t| {
+        t.set.iter().filter_map(|c| match &c.value {
+            SetValue::Param(param) => Some(("set", param)),
+            SetValue::Now => None,
+        })
+    });
+    for (what, lit) in named.iter().copied().chain(set_params) {
         let name = lit.value();
         if syn::parse_str::<syn::Ident>(&name).is_err() {
             cx.error_spanned_by(
@@ -233,13 +351,18 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
                 format!("`{name}` is the transaction, not a business value; {listed}"),
             );
         } else if !handler.params.iter().any(|p| p.ident == name) {
-            cx.error_spanned_by(
-                lit,
+            let shown = if what == "set" {
                 format!(
-                    "`{what} = {name:?}` names no parameter of `{}`; {listed}",
+                    "`set` takes `{name}` from a parameter, and `{}` has none of that name",
                     handler.name
-                ),
-            );
+                )
+            } else {
+                format!(
+                    "`{what} = {name:?}` names no parameter of `{}`",
+                    handler.name
+                )
+            };
+            cx.error_spanned_by(lit, format!("{shown}; {listed}"));
         }
     }
     for (i, (what, lit)) in named.iter().enumerate() {

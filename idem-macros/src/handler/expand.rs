@@ -3,7 +3,7 @@
 //! the body (as an async block) run only if the row moved, and compile-time checks of the
 //! transition spanned at the user's tokens.
 
-use super::args::{Args, InboxArgs, TransitionArgs};
+use super::args::{Args, InboxArgs, SetValue, TransitionArgs};
 use super::signature::Handler;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -67,11 +67,11 @@ pub fn expand(
     // The stages of the unit of work, before the body.
     let (checks, make_plan) = match (&args.transition, &args.inbox) {
         (Some(t), None) => {
-            let (checks, call) = transition_checks(t, handler);
+            let (checks, call, set) = transition_checks(t, handler);
             let make = quote! {
                 ::idem::__private::TransitionPlan::new(
                     __IDEM_MACHINE, __IDEM_CODEC, __IDEM_TRANSITION, #call,
-                )
+                )#set
             };
             (checks, make)
         }
@@ -81,14 +81,14 @@ pub fn expand(
             (TokenStream::new(), make)
         }
         (Some(t), Some(i)) => {
-            let (checks, call) = transition_checks(t, handler);
+            let (checks, call, set) = transition_checks(t, handler);
             let stage = inbox_stage(i);
             let make = quote! {
                 ::idem::__private::ConsumerTransitionPlan::new(
                     #stage,
                     ::idem::__private::TransitionStage::new(
                         __IDEM_MACHINE, __IDEM_TRANSITION, #call,
-                    ),
+                    )#set,
                     __IDEM_CODEC,
                 )
             };
@@ -121,15 +121,19 @@ pub fn expand(
     }
 }
 
-/// The compile-time checks of a transition and the arguments of the call that runs it
-/// (`key, expected_version`).
-fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, TokenStream) {
+/// The compile-time checks of a transition, the arguments of the call that runs it
+/// (`key, expected_version`) and the columns it sets (`.set(…)`, or nothing).
+fn transition_checks(
+    t: &TransitionArgs,
+    handler: &Handler,
+) -> (TokenStream, TokenStream, TokenStream) {
     let TransitionArgs {
         machine,
         from,
         to,
         key,
         version,
+        set,
     } = t;
     // `machine = …` must name a state machine: required once, on the user's token.
     let machine_ref = quote_spanned! {machine.span()=>
@@ -192,16 +196,71 @@ fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, Tok
         }
         None => quote!(::idem::__private::None),
     };
+    let (check_set, set_call) = set_columns(set, &param_type);
     let checks = quote! {
         #machine_ref
         #check_from
         #check_to
         #check_transition
         #check_key
+        #check_set
         const __IDEM_TRANSITION: ::idem::Transition =
             ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
     };
-    (checks, quote!(#key_expr, #version_expr))
+    (checks, quote!(#key_expr, #version_expr), set_call)
+}
+
+/// The columns of `set(…)`: their static (the handler's statements are built from it once
+/// per backend), a check per column that the machine does not own it, on the column's
+/// token, and the call that adds them and their values to the stage.
+fn set_columns(
+    set: &[super::args::SetColumn],
+    param_type: &dyn Fn(&syn::LitStr) -> Option<syn::Type>,
+) -> (TokenStream, TokenStream) {
+    if set.is_empty() {
+        return (TokenStream::new(), TokenStream::new());
+    }
+    let assignments = set.iter().map(|c| {
+        let column = &c.column;
+        let value = match c.value {
+            SetValue::Param(_) => quote!(Bound),
+            SetValue::Now => quote!(Now),
+        };
+        quote! {
+            ::idem::__private::Assignment {
+                column: #column,
+                value: ::idem::__private::SetTo::#value,
+            }
+        }
+    });
+    let checks = set.iter().map(|c| {
+        let column = &c.column;
+        quote_spanned! {column.span()=>
+            const _: () = if let ::idem::__private::Some(message) =
+                ::idem::__private::column_error(__IDEM_MACHINE.definition(), #column)
+            {
+                ::core::panic!("{}", message.as_str())
+            };
+        }
+    });
+    let values = set.iter().filter_map(|c| match &c.value {
+        SetValue::Param(param) => {
+            let ident = Ident::new(&param.value(), param.span());
+            Some(match param_type(param) {
+                Some(ty) => {
+                    quote_spanned!(ty.span()=> <#ty as ::idem::ToColumn>::to_column(&#ident))
+                }
+                None => quote_spanned!(param.span()=> ::idem::ToColumn::to_column(&#ident)),
+            })
+        }
+        SetValue::Now => None,
+    });
+    let checks = quote! {
+        static __IDEM_SET: ::idem::__private::SetColumns =
+            ::idem::__private::SetColumns::new(&[#(#assignments),*]);
+        #(#checks)*
+    };
+    (checks, quote!(.set(&__IDEM_SET, ::std::vec![#(#values),*])))
 }
 
 /// The inbox stage of a message handler, from the parameters its arguments name.
@@ -285,14 +344,33 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         ),
         None => String::new(),
     };
+    let sets = t
+        .set
+        .iter()
+        .map(|c| match &c.value {
+            SetValue::Param(p) => {
+                format!("`{}` to the parameter `{}`", c.column.value(), p.value())
+            }
+            SetValue::Now => format!("`{}` to `CURRENT_TIMESTAMP`", c.column.value()),
+        })
+        .collect::<Vec<_>>();
+    let sets = if sets.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The same UPDATE also sets {} (bound after the statement's own parameters), so \
+             they are written exactly when the row moves.",
+            sets.join(", ")
+        )
+    };
     let mut doc = format!(
         "# Idempotent transition `{from}` → `{to}`\n\n\
          Generated by `#[idempotent]` for the state machine [`{machine}`]. The row is the one whose key is \
          `key = {key}`. One transaction (from the pool `{tx}`, or a savepoint in the caller's \
          transaction `{tx}`) runs the conditional UPDATE \
-         ([`{machine}::IDEM_SQL`]) with {bound_key}, `${f} = '{from}'`, `${t} = '{to}'`{guard}; \
-         then, only if it moved the row, this function's body; then stores the body's result; \
-         then commits (the caller's transaction: releases the savepoint). The result reaches \
+         ([`{machine}::IDEM_SQL`]) with {bound_key}, `${f} = '{from}'`, `${t} = '{to}'`{guard}.{sets} \
+         Then, only if it moved the row, it runs this function's body, stores the body's result \
+         and commits (the caller's transaction: releases the savepoint). The result reaches \
          the caller only after the commit.\n\n\
          Returns [`Outcome::Applied`](::idem::Outcome::Applied) with the body's result, \
          [`Outcome::AlreadyDone`](::idem::Outcome::AlreadyDone) with the first result for a \

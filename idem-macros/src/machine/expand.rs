@@ -4,7 +4,7 @@
 use super::check::Checked;
 use super::graph;
 use crate::enforce;
-use crate::sql::{self, Names, Statements};
+use idem_sql::transition::{self as sql, Names, Statements};
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -13,15 +13,16 @@ pub fn expand(m: &Checked) -> TokenStream {
     let name = ident.to_string();
     let (table, key, state, version, results, id) =
         (&m.table, &m.key, &m.state, &m.version, &m.results, &m.id);
+    let key_columns: Vec<&str> = key.iter().map(String::as_str).collect();
     let names = Names {
         table,
-        key: key.as_slice(),
+        key: &key_columns,
         state,
         version,
         results,
     };
-    let postgres = sql::postgres(&names);
-    let sqlite = sql::sqlite(&names);
+    let postgres = sql::postgres(&names, &[]);
+    let sqlite = sql::sqlite(&names, &[]);
     let state_names = m.states.iter().map(|(_, n)| n);
     let variants_by_index = m
         .states

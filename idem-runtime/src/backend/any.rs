@@ -24,6 +24,9 @@ impl generic::Bind for Any {
             // accepts.
             #[cfg(feature = "uuid")]
             Param::Uuid(id) => query.bind(id.hyphenated().to_string()),
+            Param::Column(value) => {
+                generic::bind_column!(query, value, uuid = |id| id.hyphenated().to_string())
+            }
         }
     }
 }

@@ -83,6 +83,9 @@ macro_rules! bind_natively {
                     Param::Null => query.bind(None::<i64>),
                     #[cfg(feature = "uuid")]
                     Param::Uuid(id) => query.bind(id),
+                    Param::Column(value) => {
+                        $crate::backend::generic::bind_column!(query, value, uuid = |id| id)
+                    }
                 }
             }
         }
@@ -90,6 +93,37 @@ macro_rules! bind_natively {
 }
 #[allow(unused_imports)]
 pub(super) use bind_natively;
+
+/// Binds a [`ColumnValue`](crate::ColumnValue) with the driver's own encoding of its type,
+/// a NULL typed as its column's values; `uuid` maps a UUID to what the backend binds.
+#[allow(unused_macros)]
+macro_rules! bind_column {
+    ($query:expr, $value:expr, uuid = |$id:ident| $uuid:expr) => {{
+        use $crate::column::{ColumnType, ColumnValue};
+        let query = $query;
+        match $value {
+            ColumnValue::Int(n) => query.bind(*n),
+            ColumnValue::Float(x) => query.bind(*x),
+            ColumnValue::Bool(b) => query.bind(*b),
+            ColumnValue::Text(s) => query.bind(s.as_str()),
+            ColumnValue::Bytes(b) => query.bind(b.as_slice()),
+            #[cfg(feature = "uuid")]
+            ColumnValue::Uuid(id) => {
+                let $id: uuid::Uuid = *id;
+                query.bind($uuid)
+            }
+            ColumnValue::Null(ColumnType::Int) => query.bind(None::<i64>),
+            ColumnValue::Null(ColumnType::Float) => query.bind(None::<f64>),
+            ColumnValue::Null(ColumnType::Bool) => query.bind(None::<bool>),
+            ColumnValue::Null(ColumnType::Text) => query.bind(None::<&str>),
+            ColumnValue::Null(ColumnType::Bytes) => query.bind(None::<&[u8]>),
+            #[cfg(feature = "uuid")]
+            ColumnValue::Null(ColumnType::Uuid) => query.bind(None::<uuid::Uuid>.map(|$id| $uuid)),
+        }
+    }};
+}
+#[allow(unused_imports)]
+pub(super) use bind_column;
 
 fn prepare<'a, DB: Bind>(sql: &'a str, params: &'a [Param<'a>]) -> Query<'a, DB> {
     let mut query = sqlx::query::<DB>(sql);

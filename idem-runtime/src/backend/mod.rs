@@ -83,6 +83,8 @@ pub enum Param<'a> {
     /// A UUID, bound as the driver binds `uuid::Uuid`.
     #[cfg(feature = "uuid")]
     Uuid(uuid::Uuid),
+    /// The value of a column a handler sets in its transition.
+    Column(&'a crate::column::ColumnValue),
 }
 
 /// A row as idem reads it: every column an integer, text or NULL.

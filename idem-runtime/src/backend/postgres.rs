@@ -15,6 +15,7 @@ impl generic::Bind for Postgres {
             Param::Null => query.bind(None::<i64>),
             #[cfg(feature = "uuid")]
             Param::Uuid(id) => query.bind(id),
+            Param::Column(value) => generic::bind_column!(query, value, uuid = |id| id),
         }
     }
 }

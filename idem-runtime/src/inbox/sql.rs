@@ -21,11 +21,14 @@ pub(crate) const INSERT: &str = "INSERT INTO idem_inbox \
 /// [`INSERT`] on PostgreSQL, unless a transaction still working on the same key holds its
 /// advisory lock: then nothing is inserted, at once, instead of waiting on that
 /// transaction's uncommitted record. The lock is only a way not to wait; the primary key
-/// still makes a second record impossible.
+/// still makes a second record impossible. Advisory locks are per database, so the lock's
+/// hash is seeded with the inbox table's OID: the same key in another schema's inbox is
+/// another lock.
 pub(crate) const INSERT_UNLESS_BUSY: &str = "INSERT INTO idem_inbox \
     (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
     SELECT $1, $2, $3, $4, 1, $5, $6, $6 \
-    WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, 0)) \
+    WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, \
+        CAST(CAST(CAST('idem_inbox' AS regclass) AS oid) AS bigint))) \
     ON CONFLICT (consumer_group, message_key) DO NOTHING";
 
 /// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked).

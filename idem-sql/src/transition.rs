@@ -1,29 +1,62 @@
-//! The SQL text of a machine, generated once at compile time.
+//! The statements of a machine's transitions, per backend.
 //!
 //! Identifiers are validated before they get here and are quoted; every value is a bound
-//! parameter. The parameter positions are documented on `idem::Statements`.
+//! parameter. The parameter positions are documented on `idem::Statements`; the values of
+//! columns a handler sets ([`Assignment`]) come after all of them.
 
 use crate::ident::quoted;
 
 /// The names a machine's statements are built from.
+#[derive(Debug, Clone, Copy)]
 pub struct Names<'a> {
+    /// The machine's table (`orders`, `billing.orders`).
     pub table: &'a str,
     /// The key's columns, in order: one, or several for a composite key.
-    pub key: &'a [String],
+    pub key: &'a [&'a str],
+    /// The state column.
     pub state: &'a str,
+    /// The version column.
     pub version: &'a str,
+    /// The table of first results.
     pub results: &'a str,
+}
+
+/// A column a handler sets in the transition's UPDATE, besides the state and the version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment<'a> {
+    /// The column (validated: a plain identifier, not the key, state or version column).
+    pub column: &'a str,
+    /// What it is set to.
+    pub value: SetTo,
+}
+
+/// What a column is set to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTo {
+    /// A bound parameter: the next one after the statement's own, in the order of the
+    /// assignments that are bound.
+    Bound,
+    /// The database's current timestamp, `CURRENT_TIMESTAMP` (PostgreSQL: the
+    /// transaction's start, `timestamptz`; SQLite: `YYYY-MM-DD HH:MM:SS` in UTC).
+    Now,
 }
 
 /// The statements of one backend, in the field order of `idem::Statements`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Statements {
+    /// The transition attempt (on PostgreSQL, classifying a miss in the same statement).
     pub transition: String,
+    /// `transition` with the guard `version = $n`.
     pub transition_guarded: String,
+    /// The conditional UPDATE alone.
     pub update: String,
+    /// `update` with the guard `version = $n`.
     pub update_guarded: String,
+    /// The classifying read of a miss.
     pub classify: String,
+    /// Stores an applied transition's first result.
     pub store_result: String,
+    /// Creates the results table.
     pub create_results_table: String,
 }
 
@@ -36,17 +69,37 @@ struct Quoted {
     state: String,
     version: String,
     results: String,
+    /// The columns set besides the state and the version, quoted, and what to.
+    set: Vec<(String, SetTo)>,
 }
 
 impl Quoted {
-    fn new(names: &Names<'_>) -> Self {
+    fn new(names: &Names<'_>, set: &[Assignment<'_>]) -> Self {
         Quoted {
             table: quoted(names.table),
             keys: names.key.iter().map(|k| quoted(k)).collect(),
             state: quoted(names.state),
             version: quoted(names.version),
             results: quoted(names.results),
+            set: set.iter().map(|a| (quoted(a.column), a.value)).collect(),
         }
+    }
+
+    /// `, "paid_at" = CURRENT_TIMESTAMP, "amount" = $6`: the handler's columns, bound
+    /// values numbered from `first` (one past the statement's last own parameter).
+    fn assignments(&self, first: usize) -> String {
+        let mut next = first;
+        let mut out = String::new();
+        for (column, value) in &self.set {
+            match value {
+                SetTo::Bound => {
+                    out.push_str(&format!(", {column} = ${next}"));
+                    next += 1;
+                }
+                SetTo::Now => out.push_str(&format!(", {column} = CURRENT_TIMESTAMP")),
+            }
+        }
+        out
     }
 
     /// The position of the `n`th parameter after the key's columns (`from` is 1).
@@ -65,8 +118,10 @@ impl Quoted {
             .join(" AND ")
     }
 
-    /// `UPDATE … SET state = <to>, version = version + 1 WHERE <key> AND state = <from> AND <guard>`
-    fn update(&self, guard: &str) -> String {
+    /// `UPDATE … SET state = <to>, version = version + 1[, <set>] WHERE <key> AND state =
+    /// <from> AND <guard>`, in a statement with `unguarded` own parameters after the key's
+    /// columns besides the guard's.
+    fn update(&self, guard: &Guard, unguarded: usize) -> String {
         let Quoted {
             table,
             state,
@@ -75,11 +130,13 @@ impl Quoted {
         } = self;
         format!(
             "UPDATE {table}\n\
-             SET {state} = {to}, {version} = {version} + 1\n\
+             SET {state} = {to}, {version} = {version} + 1{set}\n\
              WHERE {key} AND {state} = {from} AND {guard}",
             key = self.key_matches(""),
             from = self.after_key(1),
             to = self.after_key(2),
+            set = self.assignments(guard.last(self, unguarded) + 1),
+            guard = guard.sql(self, unguarded),
         )
     }
 
@@ -123,7 +180,7 @@ impl Quoted {
     /// is gated by a one-time filter on the UPDATE's result, so an applied transition reads
     /// nothing more (no extra index scans, and no predicate locks under SERIALIZABLE that
     /// would make concurrent transitions of other keys conflict).
-    fn postgres_transition(&self, guard: &str) -> String {
+    fn postgres_transition(&self, guard: &Guard) -> String {
         let version = &self.version;
         format!(
             "WITH upd AS (\n\
@@ -142,7 +199,7 @@ impl Quoted {
              FROM (SELECT 1) AS one\n\
              {joins}\n\
              WHERE NOT EXISTS (SELECT FROM upd)",
-            update = self.update(guard),
+            update = self.update(guard, 4),
             observed = self.observed_columns(),
             joins = self.current_row_and_result(),
         )
@@ -150,8 +207,8 @@ impl Quoted {
 
     /// The conditional UPDATE alone; the runtime reads how many rows it changed (no
     /// `RETURNING`: it costs SQLite a temporary table per statement).
-    fn plain_update(&self, guard: &str) -> String {
-        self.update(guard)
+    fn plain_update(&self, guard: &Guard) -> String {
+        self.update(guard, 2)
     }
 
     fn store_result(&self) -> String {
@@ -180,18 +237,45 @@ impl Quoted {
     }
 }
 
+/// Which rows an UPDATE may move besides the key and the state.
+enum Guard {
+    /// Any version (`version IS NOT NULL`).
+    Any,
+    /// The optimistic-locking guard `version = $n`: the statement's last own parameter.
+    Expected,
+}
+
+impl Guard {
+    fn sql(&self, q: &Quoted, unguarded: usize) -> String {
+        match self {
+            Guard::Any => format!("{} IS NOT NULL", q.version),
+            Guard::Expected => format!("{} = ${}", q.version, self.last(q, unguarded)),
+        }
+    }
+
+    /// The position of the last own parameter of a statement that has `unguarded` of them
+    /// after the key's columns without the guard.
+    fn last(&self, q: &Quoted, unguarded: usize) -> usize {
+        q.keys.len()
+            + unguarded
+            + match self {
+                Guard::Any => 0,
+                Guard::Expected => 1,
+            }
+    }
+}
+
 /// The PostgreSQL statements: the transition attempt that also classifies a miss, in one
 /// round trip, and the plain UPDATE with its classifying SELECT (the runtime chooses).
-pub fn postgres(names: &Names<'_>) -> Statements {
-    let q = Quoted::new(names);
-    let not_null = format!("{} IS NOT NULL", q.version);
-    let guarded = format!("{} = {}", q.version, q.after_key(5));
-    let update_guarded = format!("{} = {}", q.version, q.after_key(3));
+/// `set`: the columns a handler sets besides the state and the version (none for the
+/// machine's own statements).
+pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
+    let q = Quoted::new(names, set);
     Statements {
-        transition: q.postgres_transition(&not_null),
-        transition_guarded: q.postgres_transition(&guarded),
-        update: q.plain_update(&not_null),
-        update_guarded: q.plain_update(&update_guarded),
+        transition: q.postgres_transition(&Guard::Any),
+        transition_guarded: q.postgres_transition(&Guard::Expected),
+        update: q.plain_update(&Guard::Any),
+        update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
@@ -199,16 +283,14 @@ pub fn postgres(names: &Names<'_>) -> Statements {
 }
 
 /// The SQLite statements: no DML in a CTE, so a miss is classified by a second statement
-/// (inside `BEGIN IMMEDIATE`, so nothing can change in between).
-pub fn sqlite(names: &Names<'_>) -> Statements {
-    let q = Quoted::new(names);
-    let not_null = format!("{} IS NOT NULL", q.version);
-    let guarded = format!("{} = {}", q.version, q.after_key(3));
+/// (inside `BEGIN IMMEDIATE`, so nothing can change in between). `set` as for [`postgres`].
+pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
+    let q = Quoted::new(names, set);
     Statements {
-        transition: q.plain_update(&not_null),
-        transition_guarded: q.plain_update(&guarded),
-        update: q.plain_update(&not_null),
-        update_guarded: q.plain_update(&guarded),
+        transition: q.plain_update(&Guard::Any),
+        transition_guarded: q.plain_update(&Guard::Expected),
+        update: q.plain_update(&Guard::Any),
+        update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TEXT"),
@@ -219,15 +301,20 @@ pub fn sqlite(names: &Names<'_>) -> Statements {
 mod tests {
     use super::*;
 
-    fn statements(keys: &[&str], backend: fn(&Names<'_>) -> Statements) -> Statements {
-        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-        backend(&Names {
+    type Backend = fn(&Names<'_>, &[Assignment<'_>]) -> Statements;
+
+    fn names<'a>(keys: &'a [&'a str]) -> Names<'a> {
+        Names {
             table: "orders",
-            key: &keys,
+            key: keys,
             state: "status",
             version: "version",
             results: "idem_results",
-        })
+        }
+    }
+
+    fn statements(keys: &[&str], backend: Backend) -> Statements {
+        backend(&names(keys), &[])
     }
 
     fn pg() -> Statements {
@@ -293,6 +380,74 @@ mod tests {
         assert!(!pg.transition.contains("$7"));
         assert!(pg.transition_guarded.contains("\"version\" = $7"));
         assert!(pg.update_guarded.ends_with("\"version\" = $5"));
+    }
+
+    const PAY_SET: [Assignment<'static>; 3] = [
+        Assignment {
+            column: "paid_at",
+            value: SetTo::Now,
+        },
+        Assignment {
+            column: "amount",
+            value: SetTo::Bound,
+        },
+        Assignment {
+            column: "note",
+            value: SetTo::Bound,
+        },
+    ];
+
+    #[test]
+    fn set_columns_are_bound_after_every_own_parameter() {
+        let lite = sqlite(&names(&["order_id"]), &PAY_SET);
+        assert_eq!(
+            lite.update,
+            "UPDATE \"orders\"\n\
+             SET \"status\" = $3, \"version\" = \"version\" + 1, \"paid_at\" = CURRENT_TIMESTAMP, \"amount\" = $4, \"note\" = $5\n\
+             WHERE \"order_id\" = $1 AND \"status\" = $2 AND \"version\" IS NOT NULL"
+        );
+        assert!(
+            lite.update_guarded
+                .contains("\"amount\" = $5, \"note\" = $6\n")
+        );
+        assert!(lite.update_guarded.ends_with("AND \"version\" = $4"));
+        // the classifying read and the store do not change
+        let plain = statements(&["order_id"], sqlite);
+        assert_eq!(lite.classify, plain.classify);
+        assert_eq!(lite.store_result, plain.store_result);
+
+        let pg = postgres(&names(&["tenant_id", "order_id"]), &PAY_SET);
+        assert!(pg.transition.contains("\"amount\" = $7, \"note\" = $8\n"));
+        assert!(
+            pg.transition_guarded
+                .contains("\"amount\" = $8, \"note\" = $9\n")
+        );
+        assert!(pg.transition_guarded.contains("\"version\" = $7\n"));
+        assert!(pg.update.contains("\"amount\" = $5, \"note\" = $6\n"));
+        assert!(
+            pg.update_guarded
+                .contains("\"amount\" = $6, \"note\" = $7\n")
+        );
+        // every position up to the last is used, none past it
+        for (sql, last) in [
+            (&pg.transition, 8),
+            (&pg.transition_guarded, 9),
+            (&pg.update, 6),
+            (&pg.update_guarded, 7),
+        ] {
+            for n in 1..=last {
+                assert!(sql.contains(&format!("${n}")), "missing ${n} in {sql}");
+            }
+            assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
+        }
+    }
+
+    #[test]
+    fn no_columns_set_is_the_machine_statement() {
+        let sql = postgres(&names(&["order_id"]), &[]);
+        assert!(sql.update.starts_with(
+            "UPDATE \"orders\"\nSET \"status\" = $3, \"version\" = \"version\" + 1\nWHERE"
+        ));
     }
 
     #[test]

@@ -1,0 +1,15 @@
+//! The SQL of [idem](https://docs.rs/idem): how each backend spells the statements of a
+//! state machine's transitions.
+//!
+//! One builder, used in two places: `#[derive(StateMachine)]` runs it at compile time for
+//! the machine's own statements (the constants on `idem::Statements`), and the runtime runs
+//! it once per handler that sets columns in its transition (`set(…)`), with those columns.
+//! So a statement idem runs is spelled in one place, whichever of the two built it.
+//!
+//! Identifiers are validated before they get here ([`ident`]) and are quoted; every value
+//! is a bound parameter.
+
+#![warn(missing_docs)]
+
+pub mod ident;
+pub mod transition;

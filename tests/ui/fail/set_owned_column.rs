@@ -1,0 +1,32 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+
+// The transition owns the state, the version and the key: `set` may not touch them
+// (the state column's name in another case is the same column on SQLite).
+#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID",
+             set(STATUS = "status", version, order_id))]
+async fn pay(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_id: i64,
+    status: String,
+    version: i64,
+) -> Result<(), sqlx::Error> {
+    let _ = (tx, status, version);
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,29 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+
+struct Money {
+    cents: i64,
+}
+
+// A value `set` binds must be a type the databases store.
+#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID", set(amount))]
+async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount: Money) -> Result<(), sqlx::Error> {
+    let _ = (tx, amount.cents);
+    Ok(())
+}
+
+fn main() {}
