@@ -14,7 +14,11 @@
 //! - `inbox`: the same transition as a message consumer, its inbox record in the same
 //!   transaction;
 //! - `leased`: a leased inbox claim, an outside call (to a service that deduplicates by
-//!   idempotency key), then the lease's completion.
+//!   idempotency key), then the lease's completion;
+//! - `statement`: the one-statement form (a handler without a transaction) whose result
+//!   must be stored with the transition: on PostgreSQL one autocommit statement, so the
+//!   row and the result are committed once the UPDATE returns; on SQLite one transaction,
+//!   so neither is before COMMIT.
 
 #[path = "common/brokers.rs"]
 mod brokers;
@@ -72,6 +76,7 @@ fn points(scenario: &str) -> &'static [FaultPoint] {
         "transition" => &[Transitioned, BodyDone, Committed],
         "inbox" => &[Recorded, Transitioned, BodyDone, Committed],
         "leased" => &[Claimed, WorkDone, Committed],
+        "statement" => &[Transitioned, Committed],
         other => panic!("no scenario {other}"),
     }
 }
@@ -120,6 +125,15 @@ macro_rules! backend {
                 order_id: i64,
             ) -> Result<Receipt, sqlx::Error> {
                 effect(tx, order_id).await
+            }
+
+            /// The one-statement form: no transaction, the body decides the result first.
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            pub async fn pay_at_once(pool: &P, order_id: i64) -> Result<Receipt, sqlx::Error> {
+                let _ = order_id;
+                Ok(Receipt {
+                    process: this_process(),
+                })
             }
 
             /// The outside call: the service records the first call per idempotency key
@@ -177,6 +191,7 @@ macro_rules! backend {
                         format!("{:?}", pay_message(&pool, &inbox, &key, PAYLOAD, ORDER).await.unwrap())
                     }
                     "leased" => format!("{:?}", charge(&pool, &leased_inbox()).await.unwrap()),
+                    "statement" => format!("{:?}", pay_at_once(&pool, ORDER).await.unwrap()),
                     other => panic!("no scenario {other}"),
                 }
             }
@@ -236,14 +251,20 @@ macro_rules! backend {
                 }
                 child.step(&format!("crash-point {}", point.name())).await;
 
-                let committed = point == FaultPoint::Committed;
+                // The one statement of PostgreSQL's one-statement form commits itself.
+                let autocommitted = scenario == "statement"
+                    && stringify!($variant) == "Postgres"
+                    && point == FaultPoint::Transitioned;
+                let committed = point == FaultPoint::Committed || autocommitted;
                 // What another connection sees while the child stands at the point.
                 let (effects, state) = match scenario {
                     "leased" => (count(&pool, "SELECT COUNT(*) FROM external_charges").await, None),
                     _ => (count(&pool, "SELECT COUNT(*) FROM effects").await, Some(status(&pool).await)),
                 };
                 let outside_done = scenario == "leased" && point != FaultPoint::Claimed;
-                assert_eq!(effects, i64::from(committed || outside_done), "effects at the point");
+                // The one-statement form's body writes no effect.
+                let effect = scenario != "statement" && (committed || outside_done);
+                assert_eq!(effects, i64::from(effect), "effects at the point");
                 if let Some(state) = state {
                     let expected = if committed { ("PAID", 1) } else { ("CREATED", 0) };
                     assert_eq!((state.0.as_str(), state.1), expected, "the order at the point");
@@ -256,7 +277,7 @@ macro_rules! backend {
                 // the lease.
                 let redelivered = tokio::time::timeout(
                     LEASE + Duration::from_secs(10),
-                    redeliver(&pool, scenario, point, child_process),
+                    redeliver(&pool, scenario, point, committed, child_process),
                 )
                 .await
                 .expect("the key stayed stuck after the crash");
@@ -285,6 +306,11 @@ macro_rules! backend {
                         let attempts = if committed { 1 } else { 2 };
                         assert_eq!(record, ("SUCCESS".to_owned(), Some(first.to_string()), attempts));
                     }
+                    "statement" => {
+                        assert_eq!(status(&pool).await, ("PAID".to_owned(), 1));
+                        let results = count(&pool, "SELECT COUNT(*) FROM idem_results").await;
+                        assert_eq!(results, 1, "the first result, stored once");
+                    }
                     _ => {
                         assert_eq!(count(&pool, "SELECT COUNT(*) FROM effects").await, 1, "one effect");
                         assert_eq!(status(&pool).await, ("PAID".to_owned(), 1));
@@ -298,13 +324,22 @@ macro_rules! backend {
 
             /// Delivers the call again; checks the outcome against what committed before
             /// the kill.
-            async fn redeliver(pool: &P, scenario: &str, point: FaultPoint, child: i64) -> String {
-                let committed = point == FaultPoint::Committed;
+            async fn redeliver(
+                pool: &P,
+                scenario: &str,
+                point: FaultPoint,
+                committed: bool,
+                child: i64,
+            ) -> String {
                 let child_receipt = Receipt { process: child };
                 let mine = Receipt { process: this_process() };
                 match scenario {
-                    "transition" => {
-                        let outcome = pay(pool, ORDER).await.unwrap();
+                    "transition" | "statement" => {
+                        let outcome = if scenario == "statement" {
+                            pay_at_once(pool, ORDER).await.unwrap()
+                        } else {
+                            pay(pool, ORDER).await.unwrap()
+                        };
                         let expected = if committed {
                             Outcome::AlreadyDone { current: Order::Paid, first_result: Some(child_receipt) }
                         } else {
@@ -416,4 +451,6 @@ crash_tests! {
     leased_after_the_claim: "leased" at Claimed;
     leased_after_the_outside_call: "leased" at WorkDone;
     leased_after_the_commit: "leased" at Committed;
+    statement_after_the_update: "statement" at Transitioned;
+    statement_after_the_commit: "statement" at Committed;
 }

@@ -38,6 +38,30 @@ macro_rules! handler {
 handler!(pay_sqlite, sqlx::Sqlite);
 handler!(pay_postgres, sqlx::Postgres);
 
+macro_rules! statement_handlers {
+    ($stored:ident, $nothing:ident, $db:ty) => {
+        /// The one-statement form, with a result to store.
+        #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+        async fn $stored(
+            pool: &sqlx::Pool<$db>,
+            order_id: i64,
+        ) -> Result<i64, std::convert::Infallible> {
+            Ok(order_id)
+        }
+
+        /// The one-statement form, with nothing to store.
+        #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+        async fn $nothing(
+            pool: &sqlx::Pool<$db>,
+            order_id: i64,
+        ) -> Result<(), std::convert::Infallible> {
+            Ok(())
+        }
+    };
+}
+statement_handlers!(pay_stored_sqlite, pay_nothing_sqlite, sqlx::Sqlite);
+statement_handlers!(pay_stored_postgres, pay_nothing_postgres, sqlx::Postgres);
+
 /// A composite key: the same statements, with the key's columns first.
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "tenant_orders", key = ("tenant_id", "order_id"), state = "status")]
@@ -252,6 +276,49 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         assert_eq!(inside_transaction(&log), expected, "full log: {log:#?}");
     }
     idem::set_postgres_classification(idem::Classification::Adaptive);
+
+    // The one-statement form on PostgreSQL: one autocommit statement that moves the row
+    // and stores the result, and the same one for a duplicate; nothing else, not even
+    // BEGIN. With nothing to store, the transition alone, in either form.
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (201, 'CREATED'), (202, 'CREATED'), (203, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    take_log();
+    assert_eq!(
+        pay_stored_postgres(&pool, 201).await.unwrap(),
+        Outcome::Applied(201)
+    );
+    assert_eq!(take_log(), [sql.postgres.transition_storing]);
+    assert!(!pay_stored_postgres(&pool, 201).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.postgres.transition_storing]);
+    idem::set_postgres_classification(idem::Classification::Inline);
+    assert!(pay_nothing_postgres(&pool, 202).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.postgres.transition]);
+    idem::set_postgres_classification(idem::Classification::OnMiss);
+    assert!(pay_nothing_postgres(&pool, 203).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.postgres.update]);
+    assert!(!pay_nothing_postgres(&pool, 203).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.postgres.update, sql.postgres.classify]);
+    idem::set_postgres_classification(idem::Classification::Adaptive);
+
+    // On SQLite: nothing to store, the UPDATE alone in autocommit; a result to store, one
+    // transaction with its INSERT.
+    let lite = common::sqlite_file("statements-one", 1).await;
+    idem::create_results_table::<Order, _>(&lite).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED'), (2, 'CREATED')")
+        .execute(&lite)
+        .await
+        .unwrap();
+    take_log();
+    assert!(pay_nothing_sqlite(&lite, 1).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.sqlite.update]);
+    assert!(!pay_nothing_sqlite(&lite, 1).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.sqlite.update, sql.sqlite.classify]);
+    // (sqlx does not log SQLite's BEGIN and COMMIT; tests/crashes.rs proves the two
+    // statements commit together.)
+    assert!(pay_stored_sqlite(&lite, 2).await.unwrap().is_applied());
+    assert_eq!(take_log(), [sql.sqlite.update, sql.sqlite.store_result]);
 
     // An idempotent HTTP request: its key record, the handler's statement, the stored
     // response, in one transaction, as a hand-written key table would take; a repeat reads

@@ -83,6 +83,8 @@ mod tests {
     const NO_SQL: Statements = Statements {
         transition: "",
         transition_guarded: "",
+        transition_storing: "",
+        transition_storing_guarded: "",
         update: "",
         update_guarded: "",
         classify: "",

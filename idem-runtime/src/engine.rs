@@ -176,6 +176,17 @@ impl<M> TransitionStage<M> {
         &self,
         conn: &mut DB::Connection,
     ) -> Result<Result<Moved, NotMoved<M>>, Error<Infallible>> {
+        self.enter_storing::<DB>(conn, None).await
+    }
+
+    /// [`enter`](Self::enter), with the first result already known (`storing`, JSON, not
+    /// `null`): on PostgreSQL the statement that moves the row stores it too
+    /// ([`Moved::stored`]); elsewhere it is left to [`Moved::store`].
+    pub(crate) async fn enter_storing<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        storing: Option<&str>,
+    ) -> Result<Result<Moved, NotMoved<M>>, Error<Infallible>> {
         let key = self
             .key
             .as_ref()
@@ -197,6 +208,7 @@ impl<M> TransitionStage<M> {
                 ))
             }
         };
+        let storing = storing.filter(|_| dialect == Dialect::Postgres);
         let call = Call {
             transition: &transition,
             dialect,
@@ -204,6 +216,7 @@ impl<M> TransitionStage<M> {
             key_text: &self.key_text,
             expected_version: self.expected_version,
             set,
+            storing,
         };
         let misses = MissRate::of(&transition);
         let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
@@ -216,6 +229,7 @@ impl<M> TransitionStage<M> {
                     transition,
                     dialect: call.dialect,
                     key_text: self.key_text.clone(),
+                    stored: storing.is_some(),
                 }));
             };
             let classified = classify(&transition, row, self.expected_version);
@@ -253,6 +267,14 @@ impl<T, M> TransitionPlan<T, M> {
             stage: TransitionStage::new(machine, transition, key, expected_version),
             codec,
         }
+    }
+
+    pub(crate) fn stage(&self) -> &TransitionStage<M> {
+        &self.stage
+    }
+
+    pub(crate) fn codec(&self) -> Codec<T> {
+        self.codec
     }
 
     /// The plan that also sets `columns` in the UPDATE, see [`TransitionStage::set`].
@@ -322,6 +344,8 @@ pub struct Moved {
     transition: Transition,
     dialect: Dialect,
     key_text: String,
+    /// The statement that moved the row stored the first result too.
+    pub(crate) stored: bool,
 }
 
 impl Moved {
@@ -368,6 +392,8 @@ struct Call<'a> {
     expected_version: Option<i64>,
     /// The handler's own statements and the values of the columns they set, if it sets any.
     set: Option<(&'a idem_sql::transition::Statements, &'a [ColumnValue])>,
+    /// The first result, to store in the statement that moves the row (PostgreSQL).
+    storing: Option<&'a str>,
 }
 
 impl<'a> Call<'a> {
@@ -392,14 +418,17 @@ impl<'a> Call<'a> {
     }
 
     /// The statements that move the row: `(transition, transition_guarded, update,
-    /// update_guarded)`, the handler's when it sets columns, else the machine's.
-    fn updates(&self) -> [&'a str; 4] {
+    /// update_guarded, transition_storing, transition_storing_guarded)`, the handler's when
+    /// it sets columns, else the machine's.
+    fn updates(&self) -> [&'a str; 6] {
         match self.set {
             Some((sql, _)) => [
                 &sql.transition,
                 &sql.transition_guarded,
                 &sql.update,
                 &sql.update_guarded,
+                &sql.transition_storing,
+                &sql.transition_storing_guarded,
             ],
             None => {
                 let sql = self.dialect.statements(self.transition.definition);
@@ -408,6 +437,8 @@ impl<'a> Call<'a> {
                     sql.transition_guarded,
                     sql.update,
                     sql.update_guarded,
+                    sql.transition_storing,
+                    sql.transition_storing_guarded,
                 ]
             }
         }
@@ -486,9 +517,35 @@ async fn attempt<DB: Backend>(
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = call.dialect.statements(t.definition);
-    let [transition, transition_guarded, update, update_guarded] = call.updates();
+    let [
+        transition,
+        transition_guarded,
+        update,
+        update_guarded,
+        storing,
+        storing_guarded,
+    ] = call.updates();
     let (from, to) = (Param::State(t.from_name()), Param::State(t.to_name()));
     let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
+    if let Some(json) = call.storing {
+        // PostgreSQL only (see `enter_storing`): the result rides in the statement.
+        let result = Param::Text(json);
+        let columns = match call.expected_version {
+            None => {
+                let params = call.update_params(&[from, to, machine, key_text, result]);
+                DB::fetch(conn, storing, &params).await?
+            }
+            Some(v) => {
+                let own = [from, to, machine, key_text, result, Param::Int(v)];
+                DB::fetch(conn, storing_guarded, &call.update_params(&own)).await?
+            }
+        };
+        let record = columns.unwrap_or_default();
+        return Ok(record
+            .int("applied_version")
+            .is_none()
+            .then(|| observed(record)));
+    }
     if inline && call.dialect == Dialect::Postgres {
         let columns = match call.expected_version {
             None => {

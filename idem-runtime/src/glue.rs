@@ -41,6 +41,29 @@ pub const fn picture(svg: &'static str) -> &'static str {
     svg
 }
 
+/// The database of a pool type (`PgPool` → `Postgres`): how a handler whose first
+/// parameter is a pool, under whatever alias, learns its backend.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a pool of a database idem runs on",
+    label = "the first parameter of a handler is `&mut Transaction<'_, DB>` or `&Pool<DB>`",
+    note = "DB is one of `Sqlite`, `Postgres`, `Any`: `&SqlitePool`, `&PgPool`, `&AnyPool`"
+)]
+pub trait PoolOf {
+    /// The pool's database.
+    type Database: crate::Backend;
+}
+
+impl<DB: crate::Backend> PoolOf for sqlx::Pool<DB> {
+    type Database = DB;
+}
+
+/// What the name of a one-statement handler's pool means inside its body: nothing. The
+/// body runs before any statement, outside any transaction, so it has no database to use
+/// (take a transaction parameter instead, `&mut Transaction<'_, DB>`, for a body that
+/// writes).
+#[derive(Debug, Clone, Copy)]
+pub struct NoDatabaseInTheBody;
+
 /// How a handler's result is stored and replayed.
 pub struct Codec<T> {
     pub(crate) encode: fn(&T) -> serde_json::Result<String>,

@@ -28,6 +28,7 @@ mod outcome;
 mod retry;
 mod schema;
 mod sql;
+mod statement;
 mod stored;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -66,8 +67,11 @@ pub mod __private {
     pub use crate::backend::Dialect;
     pub use crate::column::{SetColumns, column_error};
     pub use crate::engine::{TransitionPlan, TransitionStage};
-    pub use crate::glue::{Codec, MachineRef, codec, machine, picture};
+    pub use crate::glue::{
+        Codec, MachineRef, NoDatabaseInTheBody, PoolOf, codec, machine, picture,
+    };
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
+    pub use crate::statement::statement;
     pub use crate::work::{
         Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,
     };

@@ -21,6 +21,8 @@ pub struct MachineSql {
 /// |---|---|---|---|---|---|---|
 /// | `transition`, PostgreSQL | key | from | to | machine name | key as text | — |
 /// | `transition_guarded`, PostgreSQL | key | from | to | machine name | key as text | expected version |
+/// | `transition_storing`, PostgreSQL | key | from | to | machine name | key as text | result (JSON) |
+/// | `transition_storing_guarded`, PostgreSQL | key | from | to | machine name | key as text | result (JSON), then `$7` expected version |
 /// | `transition`, SQLite; `update` | key | from | to | — | — | — |
 /// | `transition_guarded`, SQLite; `update_guarded` | key | from | to | expected version | — | — |
 /// | `classify` | key | from | to | machine name | key as text | — |
@@ -39,6 +41,14 @@ pub struct Statements {
     pub transition: &'static str,
     /// [`transition`](Self::transition) with the optimistic-locking guard `version = $n`.
     pub transition_guarded: &'static str,
+    /// PostgreSQL: [`transition`](Self::transition) that also stores the first result
+    /// (`$k+5`, JSON; the expected version moves to `$k+6`) when it moves the row, so that a
+    /// handler without a transaction is one autocommit statement. Empty on SQLite, which
+    /// has no DML in a CTE (there the result is stored by [`store_result`](Self::store_result)
+    /// in a transaction).
+    pub transition_storing: &'static str,
+    /// [`transition_storing`](Self::transition_storing) with the guard `version = $k+6`.
+    pub transition_storing_guarded: &'static str,
     /// The conditional UPDATE alone (idem reads how many rows it changed);
     /// [`classify`](Self::classify) follows a miss. On SQLite the same as `transition`; on PostgreSQL used while misses are rare
     /// (see [`Classification`](crate::Classification)).

@@ -4,6 +4,8 @@
 //!
 //! 1. **begin** — a write transaction from the pool (the SQLite writer's turn first, the
 //!    inbox's lock timeout if it has one), or a savepoint in a transaction the caller owns;
+//!    or, for a plan whose stages need no transaction on this backend (a handler without
+//!    one, whose result already rides in its statement), a connection in autocommit;
 //! 2. **stages**, in order, in that transaction — the inbox record, the transition's
 //!    conditional UPDATE. Each either lets the call go on, or ends it with a reply (a
 //!    duplicate, a refusal, …) that rolls back or commits what the stages wrote. A conflict
@@ -21,7 +23,8 @@
 //! share the begin, the conflict retry, the span and the once-only counting.
 
 use crate::backend::{
-    Backend, Database, WriterGuard, begin_write, begin_write_within, holding, is_conflict,
+    Backend, Database, Dialect, WriterGuard, acquire_write, begin_write, begin_write_within,
+    holding, is_conflict,
 };
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -70,6 +73,14 @@ pub trait Plan<DB: Backend>: Sync {
 
     /// Checks the call's input (its keys) before any statement runs.
     fn check(&self) -> Result<(), Error<Infallible>>;
+
+    /// Whether the stages need no transaction on `dialect`: from a pool, they then run on
+    /// a connection in autocommit, each statement its own transaction, and must end the
+    /// call (a body needs a transaction). The default: they need one.
+    fn autocommit(&self, dialect: Dialect) -> bool {
+        let _ = dialect;
+        false
+    }
 
     /// How long to wait for the writer's turn (SQLite), and the reply when that runs out.
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Self::Reply>)> {
@@ -214,7 +225,15 @@ pub(crate) async fn stages_only<DB: Backend, P: Plan<DB, Value = Infallible>>(
     pool: &Pool<DB>,
     plan: &P,
 ) -> Result<P::Reply, Error<Infallible>> {
-    match begin(pool, plan).await {
+    stages_only_at(Origin::Pool(pool.clone()), plan).await
+}
+
+/// [`stages_only`], where `origin` says: a pool, or a savepoint in the caller's transaction.
+pub(crate) async fn stages_only_at<'c, DB: Backend, P: Plan<DB, Value = Infallible>>(
+    origin: Origin<'c, DB>,
+    plan: &P,
+) -> Result<P::Reply, Error<Infallible>> {
+    match start(origin, plan).await {
         Begun::Done(done) => done,
         Begun::Run(work) => {
             drop(work);
@@ -247,6 +266,50 @@ fn observed<'c, DB: Backend, P: Plan<DB>>(
     }
 }
 
+/// Where a unit of work from a pool runs its stages: a write transaction, or a connection
+/// in autocommit (see [`Plan::autocommit`]).
+enum Opened<DB: Backend> {
+    Transaction(Transaction<'static, DB>),
+    Autocommit(sqlx::pool::PoolConnection<DB>),
+}
+
+impl<DB: Backend> Opened<DB> {
+    /// Opens one, after the writer's turn (within the plan's patience, if it has one);
+    /// `None` if the patience ran out.
+    async fn open(
+        pool: &Pool<DB>,
+        autocommit: bool,
+        patience: Option<Duration>,
+    ) -> Result<Option<(Self, Option<WriterGuard>)>, sqlx::Error> {
+        if autocommit {
+            let opened = acquire_write(pool, patience).await?;
+            return Ok(opened.map(|(conn, writer)| (Opened::Autocommit(conn), writer)));
+        }
+        let begun = match patience {
+            None => Some(begin_write(pool).await?),
+            Some(patience) => begin_write_within(pool, patience).await?,
+        };
+        Ok(begun.map(|(tx, writer)| (Opened::Transaction(tx), writer)))
+    }
+
+    fn connection(&mut self) -> &mut DB::Connection {
+        match self {
+            Opened::Transaction(tx) => tx,
+            Opened::Autocommit(conn) => conn,
+        }
+    }
+
+    /// Ends it: commits or rolls back the transaction; an autocommit connection has
+    /// nothing left to end.
+    async fn end(self, commit: bool) -> Result<(), sqlx::Error> {
+        match self {
+            Opened::Transaction(tx) if commit => tx.commit().await,
+            Opened::Transaction(tx) => tx.rollback().await,
+            Opened::Autocommit(_) => Ok(()),
+        }
+    }
+}
+
 /// [`begin`]'s loop: the stages, retried while they lose conflicts; and the retries made.
 async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
     pool: &Pool<DB>,
@@ -256,31 +319,31 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
     if let Err(e) = plan.check() {
         return (Begun::Done(Err(e)), 0);
     }
+    let autocommit = match DB::pool_dialect(pool) {
+        Ok(dialect) => plan.autocommit(dialect),
+        Err(e) => return (Begun::Done(Err(e.into())), 0),
+    };
     let mut backoff = Backoff::default();
     loop {
-        let begun = match plan.patience() {
-            None => begin_write(pool).await,
-            Some((patience, gave_up)) => match begin_write_within(pool, patience).await {
-                Ok(Some(begun)) => Ok(begun),
-                Ok(None) => {
-                    let reply = gave_up(plan);
-                    plan.settled(&reply);
-                    return (Begun::Done(Ok(reply)), backoff.attempts());
-                }
-                Err(e) => Err(e),
-            },
-        };
-        let entered = match begun {
-            Ok((mut tx, writer)) => {
-                span.record("db.system.name", DB::dialect(&tx).system_name());
-                plan.enter(&mut tx)
+        let patience = plan.patience();
+        let entered = match Opened::open(pool, autocommit, patience.map(|(p, _)| p)).await {
+            Ok(Some((mut opened, writer))) => {
+                let conn = opened.connection();
+                span.record("db.system.name", DB::dialect(conn).system_name());
+                plan.enter(conn)
                     .await
-                    .map(|entered| (tx, writer, entered))
+                    .map(|entered| (opened, writer, entered))
+            }
+            Ok(None) => {
+                let gave_up = patience.map(|(_, gave_up)| gave_up);
+                let reply = gave_up.expect("only a plan with patience runs out of it")(plan);
+                plan.settled(&reply);
+                return (Begun::Done(Ok(reply)), backoff.attempts());
             }
             Err(e) => Err(Error::from(e)),
         };
         match entered {
-            Ok((tx, writer, Entered::Run(staged))) => {
+            Ok((Opened::Transaction(tx), writer, Entered::Run(staged))) => {
                 let work = Work {
                     tx,
                     _writer: writer,
@@ -289,12 +352,19 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                 };
                 return (Begun::Run(work), backoff.attempts());
             }
-            Ok((tx, _writer, Entered::Done { reply, commit })) => {
-                let ended = if commit {
-                    tx.commit().await
-                } else {
-                    tx.rollback().await
+            Ok((Opened::Autocommit(_), _, Entered::Run(_))) => {
+                // idem's own bug: a plan that needs no transaction asked for a body.
+                let labels = plan.labels();
+                let problem = "a unit of work in autocommit asked for a body".to_owned();
+                let error = Error::CorruptRecord {
+                    group: labels.group.unwrap_or_default().to_owned(),
+                    key: labels.key.unwrap_or_default().to_owned(),
+                    problem,
                 };
+                return (Begun::Done(Err(error)), backoff.attempts());
+            }
+            Ok((opened, _writer, Entered::Done { reply, commit })) => {
+                let ended = opened.end(commit).await;
                 let done = ended.map(|()| reply).map_err(Error::from);
                 if let Ok(reply) = &done {
                     plan.settled(reply);

@@ -48,6 +48,11 @@ pub struct Statements {
     pub transition: String,
     /// `transition` with the guard `version = $n`.
     pub transition_guarded: String,
+    /// `transition` that also stores the first result (`$k+5`, JSON) when it moves the
+    /// row, in the same statement (PostgreSQL; empty on SQLite, which has no DML in a CTE).
+    pub transition_storing: String,
+    /// `transition_storing` with the guard `version = $n`.
+    pub transition_storing_guarded: String,
     /// The conditional UPDATE alone.
     pub update: String,
     /// `update` with the guard `version = $n`.
@@ -205,6 +210,45 @@ impl Quoted {
         )
     }
 
+    /// [`postgres_transition`](Self::postgres_transition) whose applied branch also stores
+    /// the first result (`$k+5`), by a second data-modifying CTE that reads the UPDATE's
+    /// row: one statement, so one autocommit round trip, moves the row and keeps its result.
+    fn postgres_transition_storing(&self, guard: &Guard) -> String {
+        let version = &self.version;
+        format!(
+            "WITH upd AS (\n\
+             {update}\n\
+             RETURNING {version}\n\
+             ), ins AS (\n\
+             INSERT INTO {results} (machine, entity_key, from_state, to_state, result)\n\
+             SELECT {machine}, {text}, CAST({from} AS TEXT), CAST({to} AS TEXT), {result} FROM upd\n\
+             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
+             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP\n\
+             )\n\
+             SELECT CAST({version} AS BIGINT) AS applied_version,\n\
+             \x20      CAST(1 AS BIGINT) AS found,\n\
+             \x20      CAST(NULL AS TEXT) AS current_state,\n\
+             \x20      CAST(NULL AS BIGINT) AS current_version,\n\
+             \x20      CAST(NULL AS TEXT) AS first_result\n\
+             FROM upd\n\
+             UNION ALL\n\
+             SELECT NULL,\n\
+             \x20      {observed}\n\
+             FROM (SELECT 1) AS one\n\
+             {joins}\n\
+             WHERE NOT EXISTS (SELECT FROM upd)",
+            update = self.update(guard, 5),
+            results = self.results,
+            from = self.after_key(1),
+            to = self.after_key(2),
+            machine = self.after_key(3),
+            text = self.after_key(4),
+            result = self.after_key(5),
+            observed = self.observed_columns(),
+            joins = self.current_row_and_result(),
+        )
+    }
+
     /// The conditional UPDATE alone; the runtime reads how many rows it changed (no
     /// `RETURNING`: it costs SQLite a temporary table per statement).
     fn plain_update(&self, guard: &Guard) -> String {
@@ -274,6 +318,8 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
     Statements {
         transition: q.postgres_transition(&Guard::Any),
         transition_guarded: q.postgres_transition(&Guard::Expected),
+        transition_storing: q.postgres_transition_storing(&Guard::Any),
+        transition_storing_guarded: q.postgres_transition_storing(&Guard::Expected),
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
@@ -289,6 +335,8 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
     Statements {
         transition: q.plain_update(&Guard::Any),
         transition_guarded: q.plain_update(&Guard::Expected),
+        transition_storing: String::new(),
+        transition_storing_guarded: String::new(),
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
@@ -440,6 +488,30 @@ mod tests {
             }
             assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
         }
+    }
+
+    #[test]
+    fn postgres_stores_the_result_in_the_transition_statement() {
+        let pg = postgres(&names(&["order_id"]), &PAY_SET);
+        let sql = &pg.transition_storing;
+        assert!(sql.contains(
+            "), ins AS (\nINSERT INTO \"idem_results\" (machine, entity_key, from_state, to_state, result)\n\
+             SELECT $4, $5, CAST($2 AS TEXT), CAST($3 AS TEXT), $6 FROM upd\n"
+        ));
+        // own parameters up to the result ($6), then the columns set ($7, $8)
+        assert!(sql.contains("\"amount\" = $7, \"note\" = $8\n"));
+        assert!(pg.transition_storing_guarded.contains("\"version\" = $7\n"));
+        assert!(
+            pg.transition_storing_guarded
+                .contains("\"amount\" = $8, \"note\" = $9\n")
+        );
+        for (sql, last) in [(sql, 8), (&pg.transition_storing_guarded, 9)] {
+            for n in 1..=last {
+                assert!(sql.contains(&format!("${n}")), "missing ${n} in {sql}");
+            }
+            assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
+        }
+        assert_eq!(sqlite(&names(&["order_id"]), &[]).transition_storing, "");
     }
 
     #[test]

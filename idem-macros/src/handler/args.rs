@@ -308,6 +308,15 @@ fn missing_arguments(cx: &mut Ctxt, arguments: &[(&str, bool)], explanation: &st
 
 /// The arguments that name parameters must name real ones.
 pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
+    if handler.tx_type.is_none() && args.inbox.is_some() {
+        cx.error_spanned_by(
+            &handler.tx,
+            format!(
+                "a message handler needs a transaction: the inbox record commits with what the body writes; take `tx: &mut Transaction<'_, DB>` instead of the pool `{}`",
+                handler.tx
+            ),
+        );
+    }
     let names = handler
         .params
         .iter()
@@ -348,7 +357,9 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
         } else if handler.tx == name {
             cx.error_spanned_by(
                 lit,
-                format!("`{name}` is the transaction, not a business value; {listed}"),
+                format!(
+                    "`{name}` is the handler's first parameter, its transaction or pool, not a business value; {listed}"
+                ),
             );
         } else if !handler.params.iter().any(|p| p.ident == name) {
             let shown = if what == "set" {

@@ -5,10 +5,12 @@ use syn::{FnArg, GenericArgument, Ident, Pat, PathArguments, Type};
 
 pub struct Handler {
     pub name: Ident,
-    /// The transaction parameter's name and type (`tx: &mut Transaction<'_, Sqlite>`).
+    /// The first parameter's name: the transaction (`tx: &mut Transaction<'_, Sqlite>`)
+    /// or, in the one-statement form, the pool (`pool: &PgPool`).
     pub tx: Ident,
-    pub tx_type: Type,
-    /// The backend, the last type argument of `Transaction`.
+    /// The transaction's type; `None` in the one-statement form (a pool, no transaction).
+    pub tx_type: Option<Type>,
+    /// The backend: the last type argument of `Transaction`, or the pool's database.
     pub database: Type,
     /// The result type of the body as written (`Result<Receipt, PayError>`); `None` after
     /// an error (the other checks still run).
@@ -24,6 +26,10 @@ pub struct Param {
 }
 
 const TX_EXAMPLE: &str = "tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>";
+const FIRST_PARAM: &str = "the first parameter of an idempotent handler is its transaction, \
+     `&mut Transaction<'_, DB>` with DB one of `Sqlite`, `Postgres`, `Any` (the body runs in it), \
+     or a pool, `&Pool<DB>` (`&SqlitePool`, `&PgPool`, `&AnyPool`: no transaction, the \
+     transition is one statement)";
 
 impl Handler {
     pub fn parse(cx: &mut Ctxt, function: &syn::ItemFn) -> Option<Handler> {
@@ -73,10 +79,7 @@ impl Handler {
             FnArg::Receiver(_) => None,
         });
         let Some(first) = typed.next() else {
-            cx.error_spanned_by(
-                &sig.ident,
-                format!("the first parameter of an idempotent handler is its transaction, e.g. `{TX_EXAMPLE}`"),
-            );
+            cx.error_spanned_by(&sig.ident, format!("{FIRST_PARAM}; e.g. `{TX_EXAMPLE}`"));
             return None;
         };
         let tx = match &*first.pat {
@@ -84,21 +87,18 @@ impl Handler {
             _ => {
                 cx.error_spanned_by(
                     &first.pat,
-                    "name the transaction parameter with a plain identifier, e.g. `tx`",
+                    "name the transaction (or pool) parameter with a plain identifier, e.g. `tx`",
                 );
                 None
             }
         };
-        let database = match transaction_database(&first.ty) {
-            Some(db) => Some(db),
-            None => {
-                cx.error_spanned_by(
-                    &first.ty,
-                    format!(
-                        "the first parameter of an idempotent handler is its transaction: `&mut Transaction<'_, DB>` with DB one of `Sqlite`, `Postgres`, `Any`; e.g. `{TX_EXAMPLE}`"
-                    ),
-                );
-                None
+        let (database, tx_type) = match (transaction_database(&first.ty), pool_database(&first.ty))
+        {
+            (Some(db), _) => (Some(db), Some((*first.ty).clone())),
+            (None, Some(db)) => (Some(db), None),
+            (None, None) => {
+                cx.error_spanned_by(&first.ty, format!("{FIRST_PARAM}; e.g. `{TX_EXAMPLE}`"));
+                (None, None)
             }
         };
         let params = typed
@@ -113,7 +113,7 @@ impl Handler {
         Some(Handler {
             name: sig.ident.clone(),
             tx: tx?,
-            tx_type: (*first.ty).clone(),
+            tx_type,
             database: database?,
             output,
             params,
@@ -143,6 +143,24 @@ fn could_be_result(ty: &Type) -> bool {
         Type::Macro(_) | Type::Verbatim(_) => true,
         _ => false,
     }
+}
+
+/// A shared reference to a named type — `&Pool<DB>` or any alias of one (`&PgPool`,
+/// `&SqlitePool`, a type alias of yours) — → its database, `<Pool<DB> as
+/// PoolOf>::Database`. A type that is no pool is reported on it by `PoolOf`.
+fn pool_database(ty: &Type) -> Option<Type> {
+    let Type::Reference(reference) = ty else {
+        return None;
+    };
+    if reference.mutability.is_some() || !matches!(&*reference.elem, Type::Path(_)) {
+        return None;
+    }
+    let pool = &reference.elem;
+    Some(
+        syn::parse_quote_spanned! {syn::spanned::Spanned::span(pool)=>
+            <#pool as ::idem::__private::PoolOf>::Database
+        },
+    )
 }
 
 /// `&mut Transaction<'_, DB>` (any path ending in `Transaction`) → `DB`.

@@ -106,6 +106,8 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
     let empty = quote!(::idem::Statements {
         transition: "",
         transition_guarded: "",
+        transition_storing: "",
+        transition_storing_guarded: "",
         update: "",
         update_guarded: "",
         classify: "",
@@ -133,6 +135,8 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
     let Statements {
         transition,
         transition_guarded,
+        transition_storing,
+        transition_storing_guarded,
         update,
         update_guarded,
         classify,
@@ -143,6 +147,8 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
         ::idem::Statements {
             transition: #transition,
             transition_guarded: #transition_guarded,
+            transition_storing: #transition_storing,
+            transition_storing_guarded: #transition_storing_guarded,
             update: #update,
             update_guarded: #update_guarded,
             classify: #classify,
@@ -219,6 +225,9 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
          the row and the stored first result (see [`idem::Classification`]):\n\n\
          ```sql\n{pg}\n```\n\n\
          With an expected version:\n\n```sql\n{pg_guarded}\n```\n\n\
+         # PostgreSQL, a handler without a transaction\n\n\
+         One autocommit statement moves the row and stores the first result (`${result}`, \
+         JSON) in the same statement, or reports the row as above:\n\n```sql\n{pg_storing}\n```\n\n\
          # Both\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
          The results table (PostgreSQL):\n\n```sql\n{create}\n```\n\n\
@@ -238,6 +247,8 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
         id = m.id,
         pg = postgres.transition,
         pg_guarded = postgres.transition_guarded,
+        pg_storing = postgres.transition_storing,
+        result = m.key.len() + 5,
         lite = sqlite.transition,
         classify = sqlite.classify,
         store = postgres.store_result,

@@ -63,6 +63,11 @@ impl Backend for Any {
             .then(|| Database::of_url(url.as_str()))
     }
 
+    fn pool_dialect(pool: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
+        let scheme = pool.connect_options().database_url.scheme().to_owned();
+        dialect_named(&scheme).ok_or_else(|| unsupported(&scheme))
+    }
+
     fn dialect(conn: &AnyConnection) -> Dialect {
         // Only reached inside a transaction begun above, which refused other backends.
         dialect_named(conn.backend_name()).unwrap_or(Dialect::Postgres)

@@ -47,6 +47,11 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn dialect(conn: &Self::Connection) -> Dialect;
 
+    /// The dialect of the pool's connections, before taking one (`sqlx::Any`: from the
+    /// URL; an error for a backend idem does not run on).
+    #[doc(hidden)]
+    fn pool_dialect(pool: &Pool<Self>) -> Result<Dialect, sqlx::Error>;
+
     #[doc(hidden)]
     fn fetch<'a>(
         conn: &'a mut Self::Connection,
@@ -202,6 +207,26 @@ pub(crate) async fn begin_write_within<DB: Backend>(
         None => None,
     };
     Ok(Some((DB::begin_pool(pool).await?, writer)))
+}
+
+/// A connection from `pool` in autocommit (each statement its own transaction), after
+/// waiting for this process's turn to write where the backend needs one, at most
+/// `patience` if given (`None` if it ran out). The guard must outlive the connection's use.
+pub(crate) async fn acquire_write<DB: Backend>(
+    pool: &Pool<DB>,
+    patience: Option<std::time::Duration>,
+) -> Result<Option<(sqlx::pool::PoolConnection<DB>, Option<WriterGuard>)>, sqlx::Error> {
+    let writer = match (DB::writer_queue(pool), patience) {
+        (Some(database), None) => Some(wait_turn(database).await?),
+        (Some(database), Some(patience)) => {
+            match tokio::time::timeout(patience, wait_turn(database)).await {
+                Ok(guard) => Some(guard?),
+                Err(_) => return Ok(None),
+            }
+        }
+        (None, _) => None,
+    };
+    Ok(Some((pool.acquire().await?, writer)))
 }
 
 /// Whether a retry of the whole transaction may succeed: serialization failures and

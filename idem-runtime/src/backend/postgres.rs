@@ -57,6 +57,10 @@ impl Backend for Postgres {
         Dialect::Postgres
     }
 
+    fn pool_dialect(_: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
+        Ok(Dialect::Postgres)
+    }
+
     fn fetch<'a>(
         conn: &'a mut PgConnection,
         sql: &'a str,

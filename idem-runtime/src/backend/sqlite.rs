@@ -25,6 +25,10 @@ impl Backend for Sqlite {
         Dialect::Sqlite
     }
 
+    fn pool_dialect(_: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
+        Ok(Dialect::Sqlite)
+    }
+
     fn fetch<'a>(
         conn: &'a mut SqliteConnection,
         sql: &'a str,
