@@ -29,6 +29,10 @@ fn readme_shows_the_generated_sql() {
     let sql = Order::IDEM_SQL;
     for (what, statement) in [
         ("PostgreSQL transition", sql.postgres.transition),
+        (
+            "PostgreSQL transition storing its result",
+            sql.postgres.transition_storing,
+        ),
         ("SQLite transition", sql.sqlite.transition),
         ("SQLite classification", sql.sqlite.classify),
         ("result insert", sql.postgres.store_result),
