@@ -281,8 +281,9 @@ impl<T> Results<T> {
                 current.as_db()
             )),
             // NotFound is the caller's business (here: park the message). StaleVersion needs
-            // an expected version, which these handlers do not take.
-            Outcome::NotFound | Outcome::StaleVersion { .. } => {}
+            // an expected version and Superseded a watermark, which these handlers do not
+            // take.
+            Outcome::NotFound | Outcome::StaleVersion { .. } | Outcome::Superseded { .. } => {}
         }
         kind
     }

@@ -453,6 +453,8 @@ fn seen_outcome(outcome: idem::Outcome<Receipt, Order>) -> Seen {
         idem::Outcome::IllegalState { current, .. } => Seen::IllegalState { current },
         idem::Outcome::NotFound => Seen::NotFound,
         idem::Outcome::StaleVersion { expected, actual } => Seen::StaleVersion { expected, actual },
+        // No handler here has a watermark (tests/event_streams.rs models those).
+        other @ idem::Outcome::Superseded { .. } => panic!("without a watermark: {other:?}"),
     }
 }
 

@@ -88,6 +88,25 @@ fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
     assert!(readme.contains("set(paid_at = now(), amount = \"amount_cents\"))]"));
 }
 
+#[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "accounts", key = "account_id", state = "status")]
+enum Account {
+    #[state(name = "OPEN", to(Closed))]
+    Open,
+    #[state(name = "CLOSED")]
+    Closed,
+}
+
+#[test]
+fn readme_shows_the_watermark_sql() {
+    let readme = include_str!("../README.md");
+    let update = Account::IDEM_SQL.sqlite.update_watermark;
+    assert!(
+        readme.contains(&format!("```sql\n{update}\n```")),
+        "README.md does not show the watermark UPDATE as generated:\n{update}"
+    );
+}
+
 #[test]
 fn readme_shows_the_composite_key_sql() {
     let readme = include_str!("../README.md");

@@ -31,17 +31,30 @@ pub(crate) enum Classified {
         expected: i64,
         actual: i64,
     },
+    /// An event older than the row (watermark): the row's version is past it.
+    Superseded {
+        current: usize,
+        version: i64,
+    },
     /// The row still looks like it is in `from` with the expected version: a concurrent
     /// transaction changed it after this statement's snapshot was taken. Read again.
     LostRace,
     Corrupt(RowProblem),
 }
 
-pub(crate) fn classify(
-    transition: &Transition,
-    observed: Observed,
-    expected: Option<i64>,
-) -> Classified {
+/// The version condition of a transition besides its states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// Any version.
+    Any,
+    /// Optimistic locking: the row's version must be this one.
+    Expected(i64),
+    /// An event stream's watermark: the row's version must be below this event's, and
+    /// takes it.
+    Watermark(i64),
+}
+
+pub(crate) fn classify(transition: &Transition, observed: Observed, guard: Guard) -> Classified {
     if !observed.found {
         return Classified::NotFound;
     }
@@ -52,6 +65,35 @@ pub(crate) fn classify(
     let Some(current) = definition.state_index(&state) else {
         return Classified::Corrupt(RowProblem::UnknownState(state));
     };
+    if let Guard::Watermark(event) = guard {
+        // Duplicates and old events are told by the version alone: the row took the
+        // version of every event it applied.
+        let Some(version) = observed.version else {
+            return Classified::Corrupt(RowProblem::NullVersion);
+        };
+        if version == event {
+            return Classified::AlreadyDone {
+                current,
+                first_result: observed.first_result,
+            };
+        }
+        if version > event {
+            return Classified::Superseded { current, version };
+        }
+        if current == transition.from {
+            // In `from` below the event's version: the UPDATE should have matched.
+            return Classified::LostRace;
+        }
+        if transition.from == transition.to {
+            // An event that keeps the state, on a row elsewhere: no later state is "done"
+            // for it.
+            return if definition.reaches(current, transition.from) {
+                Classified::NotYet { current }
+            } else {
+                Classified::IllegalState { current }
+            };
+        }
+    }
     if current == transition.to || definition.reaches(transition.to, current) {
         return Classified::AlreadyDone {
             current,
@@ -68,8 +110,10 @@ pub(crate) fn classify(
     let Some(actual) = observed.version else {
         return Classified::Corrupt(RowProblem::NullVersion);
     };
-    match expected {
-        Some(expected) if expected != actual => Classified::StaleVersion { expected, actual },
+    match guard {
+        Guard::Expected(expected) if expected != actual => {
+            Classified::StaleVersion { expected, actual }
+        }
         _ => Classified::LostRace,
     }
 }
@@ -85,6 +129,9 @@ mod tests {
         transition_guarded: "",
         transition_storing: "",
         transition_storing_guarded: "",
+        transition_watermark: "",
+        transition_storing_watermark: "",
+        update_watermark: "",
         update: "",
         update_guarded: "",
         classify: "",
@@ -132,7 +179,7 @@ mod tests {
     fn target_and_later_states_are_duplicates() {
         for (state, index) in [("PAID", 1), ("SHIPPED", 2)] {
             assert_eq!(
-                classify(&pay(), row(state, 2), None),
+                classify(&pay(), row(state, 2), Guard::Any),
                 Classified::AlreadyDone {
                     current: index,
                     first_result: None
@@ -144,7 +191,7 @@ mod tests {
     #[test]
     fn a_branch_not_reachable_from_the_target_is_illegal() {
         assert_eq!(
-            classify(&pay(), row("CANCELLED", 2), None),
+            classify(&pay(), row("CANCELLED", 2), Guard::Any),
             Classified::IllegalState { current: 3 }
         );
     }
@@ -158,12 +205,12 @@ mod tests {
             to: 2,
         };
         assert_eq!(
-            classify(&ship, row("CREATED", 0), None),
+            classify(&ship, row("CREATED", 0), Guard::Any),
             Classified::NotYet { current: 0 }
         );
         // ...but not once CANCELLED: CANCELLED reaches nothing.
         assert_eq!(
-            classify(&ship, row("CANCELLED", 1), None),
+            classify(&ship, row("CANCELLED", 1), Guard::Any),
             Classified::IllegalState { current: 3 }
         );
     }
@@ -171,7 +218,7 @@ mod tests {
     #[test]
     fn missing_row_is_not_found() {
         assert_eq!(
-            classify(&pay(), Observed::default(), None),
+            classify(&pay(), Observed::default(), Guard::Any),
             Classified::NotFound
         );
     }
@@ -179,7 +226,7 @@ mod tests {
     #[test]
     fn source_state_with_other_version_is_stale() {
         assert_eq!(
-            classify(&pay(), row("CREATED", 4), Some(3)),
+            classify(&pay(), row("CREATED", 4), Guard::Expected(3)),
             Classified::StaleVersion {
                 expected: 3,
                 actual: 4
@@ -190,11 +237,11 @@ mod tests {
     #[test]
     fn source_state_that_should_have_matched_is_a_lost_race() {
         assert_eq!(
-            classify(&pay(), row("CREATED", 3), Some(3)),
+            classify(&pay(), row("CREATED", 3), Guard::Expected(3)),
             Classified::LostRace
         );
         assert_eq!(
-            classify(&pay(), row("CREATED", 3), None),
+            classify(&pay(), row("CREATED", 3), Guard::Any),
             Classified::LostRace
         );
     }
@@ -202,19 +249,55 @@ mod tests {
     #[test]
     fn bad_rows_are_reported() {
         assert_eq!(
-            classify(&pay(), row("PAYED", 1), None),
+            classify(&pay(), row("PAYED", 1), Guard::Any),
             Classified::Corrupt(RowProblem::UnknownState("PAYED".into()))
         );
         let mut null_state = row("PAID", 1);
         null_state.state = None;
         assert_eq!(
-            classify(&pay(), null_state, None),
+            classify(&pay(), null_state, Guard::Any),
             Classified::Corrupt(RowProblem::NullState)
         );
         let mut null_version = row("CREATED", 1);
         null_version.version = None;
         assert_eq!(
-            classify(&pay(), null_version, None),
+            classify(&pay(), null_version, Guard::Any),
+            Classified::Corrupt(RowProblem::NullVersion)
+        );
+    }
+
+    #[test]
+    fn a_watermark_tells_a_duplicate_from_an_older_event_by_the_version() {
+        // pay (CREATED -> PAID), delivered as event 5 of the order's stream.
+        let pay = pay();
+        assert_eq!(
+            classify(&pay, row("PAID", 5), Guard::Watermark(5)),
+            Classified::AlreadyDone {
+                current: 1,
+                first_result: None
+            }
+        );
+        assert_eq!(
+            classify(&pay, row("PAID", 7), Guard::Watermark(5)),
+            Classified::Superseded {
+                current: 1,
+                version: 7
+            }
+        );
+        // Older than the event and in `from`: the UPDATE should have matched.
+        assert_eq!(
+            classify(&pay, row("CREATED", 4), Guard::Watermark(5)),
+            Classified::LostRace
+        );
+        // Older than the event, elsewhere: by the state, as without a watermark.
+        assert_eq!(
+            classify(&pay, row("CANCELLED", 2), Guard::Watermark(5)),
+            Classified::IllegalState { current: 3 }
+        );
+        let mut no_version = row("PAID", 0);
+        no_version.version = None;
+        assert_eq!(
+            classify(&pay, no_version, Guard::Watermark(5)),
             Classified::Corrupt(RowProblem::NullVersion)
         );
     }

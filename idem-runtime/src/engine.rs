@@ -2,7 +2,7 @@
 
 use crate::backend::{Backend, Dialect, Param, Record};
 use crate::classification::MissRate;
-use crate::classify::{Classified, Observed, classify};
+use crate::classify::{Classified, Guard, Observed, classify};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
@@ -80,6 +80,10 @@ pub struct TransitionStage<M> {
     key: Result<Key, KeyError>,
     key_text: String,
     expected_version: Option<i64>,
+    /// An event's version (`watermark = "…"`), or the text of one that is none.
+    watermark: Option<Result<i64, String>>,
+    /// Where the first result is stored: the key's text; for an event, with its version.
+    result_key: String,
     set: Option<Setting>,
 }
 
@@ -99,6 +103,12 @@ pub(crate) enum NotMoved<M> {
     },
     /// Not yet, illegal, not found or stale.
     Refused(Refusal<M>),
+    /// An event older than the row.
+    Superseded {
+        current: M,
+        version: i64,
+        event: i64,
+    },
 }
 
 impl<M> TransitionStage<M> {
@@ -115,9 +125,31 @@ impl<M> TransitionStage<M> {
             machine,
             transition,
             key,
+            result_key: key_text.clone(),
             key_text,
             expected_version,
+            watermark: None,
             set: None,
+        }
+    }
+
+    /// The stage of an event of a stream: the row must be below the event's version
+    /// `watermark`, and takes it (instead of an expected version and an increment). Its
+    /// first result is stored under the key and the version, separated by U+001F (which
+    /// no key contains).
+    pub fn watermark(mut self, watermark: Result<i64, String>) -> Self {
+        if let Ok(event) = &watermark {
+            self.result_key = format!("{}\u{1f}{event}", self.key_text);
+        }
+        self.watermark = Some(watermark);
+        self
+    }
+
+    fn guard(&self) -> Guard {
+        match (&self.watermark, self.expected_version) {
+            (Some(Ok(event)), _) => Guard::Watermark(*event),
+            (_, Some(expected)) => Guard::Expected(expected),
+            _ => Guard::Any,
         }
     }
 
@@ -146,6 +178,11 @@ impl<M> TransitionStage<M> {
         let parts = key.parts().len();
         if parts != columns {
             return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
+        }
+        if let Some(Err(value)) = &self.watermark {
+            return Err(Error::InvalidWatermark {
+                value: value.clone(),
+            });
         }
         if let Some(Setting {
             values: Err((column, problem)),
@@ -214,7 +251,8 @@ impl<M> TransitionStage<M> {
             dialect,
             key,
             key_text: &self.key_text,
-            expected_version: self.expected_version,
+            result_key: &self.result_key,
+            guard: self.guard(),
             set,
             storing,
         };
@@ -228,11 +266,11 @@ impl<M> TransitionStage<M> {
                 return Ok(Ok(Moved {
                     transition,
                     dialect: call.dialect,
-                    key_text: self.key_text.clone(),
+                    key_text: self.result_key.clone(),
                     stored: storing.is_some(),
                 }));
             };
-            let classified = classify(&transition, row, self.expected_version);
+            let classified = classify(&transition, row, call.guard);
             if classified != Classified::LostRace {
                 return not_moved(self.machine, &call, classified).map(Err);
             }
@@ -277,6 +315,12 @@ impl<T, M> TransitionPlan<T, M> {
         self.codec
     }
 
+    /// The plan of an event of a stream, see [`TransitionStage::watermark`].
+    pub fn watermark(mut self, watermark: Result<i64, String>) -> Self {
+        self.stage = self.stage.watermark(watermark);
+        self
+    }
+
     /// The plan that also sets `columns` in the UPDATE, see [`TransitionStage::set`].
     pub fn set(
         mut self,
@@ -317,6 +361,18 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
             },
             Err(NotMoved::Refused(refusal)) => Entered::Done {
                 reply: refusal.into_outcome(),
+                commit: false,
+            },
+            Err(NotMoved::Superseded {
+                current,
+                version,
+                event,
+            }) => Entered::Done {
+                reply: Outcome::Superseded {
+                    current,
+                    version,
+                    event,
+                },
                 commit: false,
             },
         })
@@ -389,7 +445,10 @@ struct Call<'a> {
     dialect: Dialect,
     key: &'a Key,
     key_text: &'a str,
-    expected_version: Option<i64>,
+    /// The key its first result is stored under: the key's text, and for an event of a
+    /// stream its version too.
+    result_key: &'a str,
+    guard: Guard,
     /// The handler's own statements and the values of the columns they set, if it sets any.
     set: Option<(&'a idem_sql::transition::Statements, &'a [ColumnValue])>,
     /// The first result, to store in the statement that moves the row (PostgreSQL).
@@ -407,41 +466,88 @@ impl<'a> Call<'a> {
         params
     }
 
-    /// The parameters of a statement that moves the row: [`params`](Self::params), then
-    /// the values of the columns the handler sets.
+    /// The parameters of a statement that moves the row: [`params`](Self::params), the
+    /// guard's version (expected, or the event's), then the values of the columns the
+    /// handler sets.
     fn update_params(&self, rest: &[Param<'a>]) -> Params<'a> {
         let mut params = self.params(rest);
+        match self.guard {
+            Guard::Any => {}
+            Guard::Expected(v) | Guard::Watermark(v) => params.push(Param::Int(v)),
+        }
         for value in self.set.map_or(&[][..], |(_, values)| values) {
             params.push(Param::Column(value));
         }
         params
     }
 
-    /// The statements that move the row: `(transition, transition_guarded, update,
-    /// update_guarded, transition_storing, transition_storing_guarded)`, the handler's when
-    /// it sets columns, else the machine's.
-    fn updates(&self) -> [&'a str; 6] {
+    /// The statements that move the row: the handler's when it sets columns, else the
+    /// machine's.
+    fn updates(&self) -> Updates<'a> {
         match self.set {
-            Some((sql, _)) => [
-                &sql.transition,
-                &sql.transition_guarded,
-                &sql.update,
-                &sql.update_guarded,
-                &sql.transition_storing,
-                &sql.transition_storing_guarded,
-            ],
+            Some((sql, _)) => Updates {
+                transition: [
+                    &sql.transition,
+                    &sql.transition_guarded,
+                    &sql.transition_watermark,
+                ],
+                update: [&sql.update, &sql.update_guarded, &sql.update_watermark],
+                storing: [
+                    &sql.transition_storing,
+                    &sql.transition_storing_guarded,
+                    &sql.transition_storing_watermark,
+                ],
+            },
             None => {
                 let sql = self.dialect.statements(self.transition.definition);
-                [
-                    sql.transition,
-                    sql.transition_guarded,
-                    sql.update,
-                    sql.update_guarded,
-                    sql.transition_storing,
-                    sql.transition_storing_guarded,
-                ]
+                Updates {
+                    transition: [
+                        sql.transition,
+                        sql.transition_guarded,
+                        sql.transition_watermark,
+                    ],
+                    update: [sql.update, sql.update_guarded, sql.update_watermark],
+                    storing: [
+                        sql.transition_storing,
+                        sql.transition_storing_guarded,
+                        sql.transition_storing_watermark,
+                    ],
+                }
             }
         }
+    }
+}
+
+/// The statements that move a row, each without a guard, with the expected version, with
+/// an event's watermark.
+struct Updates<'a> {
+    transition: [&'a str; 3],
+    update: [&'a str; 3],
+    storing: [&'a str; 3],
+}
+
+impl<'a> Updates<'a> {
+    fn pick(statements: [&'a str; 3], guard: Guard) -> &'a str {
+        match guard {
+            Guard::Any => statements[0],
+            Guard::Expected(_) => statements[1],
+            Guard::Watermark(_) => statements[2],
+        }
+    }
+
+    /// PostgreSQL's UPDATE that classifies a miss itself.
+    fn transition(&self, guard: Guard) -> &'a str {
+        Self::pick(self.transition, guard)
+    }
+
+    /// The plain conditional UPDATE.
+    fn update(&self, guard: Guard) -> &'a str {
+        Self::pick(self.update, guard)
+    }
+
+    /// PostgreSQL's UPDATE that also stores the first result.
+    fn storing(&self, guard: Guard) -> &'a str {
+        Self::pick(self.storing, guard)
     }
 }
 
@@ -517,59 +623,32 @@ async fn attempt<DB: Backend>(
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = call.dialect.statements(t.definition);
-    let [
-        transition,
-        transition_guarded,
-        update,
-        update_guarded,
-        storing,
-        storing_guarded,
-    ] = call.updates();
+    let updates = call.updates();
     let (from, to) = (Param::State(t.from_name()), Param::State(t.to_name()));
-    let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.key_text));
+    let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.result_key));
     if let Some(json) = call.storing {
         // PostgreSQL only (see `enter_storing`): the result rides in the statement.
-        let result = Param::Text(json);
-        let columns = match call.expected_version {
-            None => {
-                let params = call.update_params(&[from, to, machine, key_text, result]);
-                DB::fetch(conn, storing, &params).await?
-            }
-            Some(v) => {
-                let own = [from, to, machine, key_text, result, Param::Int(v)];
-                DB::fetch(conn, storing_guarded, &call.update_params(&own)).await?
-            }
-        };
-        let record = columns.unwrap_or_default();
+        let params = call.update_params(&[from, to, machine, key_text, Param::Text(json)]);
+        let record = DB::fetch(conn, updates.storing(call.guard), &params)
+            .await?
+            .unwrap_or_default();
         return Ok(record
             .int("applied_version")
             .is_none()
             .then(|| observed(record)));
     }
     if inline && call.dialect == Dialect::Postgres {
-        let columns = match call.expected_version {
-            None => {
-                let params = call.update_params(&[from, to, machine, key_text]);
-                DB::fetch(conn, transition, &params).await?
-            }
-            Some(v) => {
-                let params = call.update_params(&[from, to, machine, key_text, Param::Int(v)]);
-                DB::fetch(conn, transition_guarded, &params).await?
-            }
-        };
-        let record = columns.unwrap_or_default();
+        let params = call.update_params(&[from, to, machine, key_text]);
+        let record = DB::fetch(conn, updates.transition(call.guard), &params)
+            .await?
+            .unwrap_or_default();
         return Ok(record
             .int("applied_version")
             .is_none()
             .then(|| observed(record)));
     }
-    let updated = match call.expected_version {
-        None => DB::execute(conn, update, &call.update_params(&[from, to])).await?,
-        Some(v) => {
-            let params = call.update_params(&[from, to, Param::Int(v)]);
-            DB::execute(conn, update_guarded, &params).await?
-        }
-    };
+    let params = call.update_params(&[from, to]);
+    let updated = DB::execute(conn, updates.update(call.guard), &params).await?;
     if updated > 0 {
         return Ok(None);
     }
@@ -616,6 +695,14 @@ fn not_moved<M>(
         Classified::StaleVersion { expected, actual } => {
             NotMoved::Refused(Refusal::StaleVersion { expected, actual })
         }
+        Classified::Superseded { current, version } => NotMoved::Superseded {
+            current: state(current),
+            version,
+            event: match call.guard {
+                Guard::Watermark(event) => event,
+                _ => version,
+            },
+        },
         Classified::Corrupt(problem) => return Err(corrupt(call, problem)),
         Classified::LostRace => return Err(corrupt(call, RowProblem::Unstable)),
     })

@@ -34,6 +34,13 @@ pub enum Error<E> {
         /// What is wrong with the value.
         problem: ColumnProblem,
     },
+    /// An event's version (`watermark = "…"`) that is no version: 0, negative, or beyond
+    /// the 64-bit range. A row starts at version 0, so a stream's events count from 1.
+    /// Nothing ran.
+    InvalidWatermark {
+        /// The value, as text.
+        value: String,
+    },
     /// The row holds data the machine cannot interpret: an undeclared state name, a NULL
     /// state or version. Nothing was changed; fix the row.
     CorruptRow {
@@ -151,6 +158,7 @@ impl<E> Error<E> {
             Error::Contention { attempts, last } => Error::Contention { attempts, last },
             Error::InvalidKey(e) => Error::InvalidKey(e),
             Error::InvalidColumn { column, problem } => Error::InvalidColumn { column, problem },
+            Error::InvalidWatermark { value } => Error::InvalidWatermark { value },
             Error::CorruptRow {
                 machine,
                 table,
@@ -199,6 +207,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
             Error::InvalidColumn { column, problem } => write!(
                 f,
                 "invalid value for column `{column}`: {problem}; nothing was written"
+            ),
+            Error::InvalidWatermark { value } => write!(
+                f,
+                "invalid event version {value}: a stream's events count from 1 (a row starts at version 0); nothing was written"
             ),
             Error::CorruptRow {
                 machine,
@@ -253,6 +265,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::InvalidColumn { problem, .. } => Some(problem),
             Error::Result(e) => Some(e),
             Error::CorruptRow { .. }
+            | Error::InvalidWatermark { .. }
             | Error::LeaseLost { .. }
             | Error::CorruptRecord { .. }
             | Error::ResultTooLarge { .. } => None,

@@ -303,6 +303,41 @@ impl<T: ToVersion + ?Sized> ToVersion for &T {
     }
 }
 
+/// A type usable as the `watermark` parameter of an `#[idempotent]` handler: the version
+/// an event of a stream carries, which the row takes when the event applies.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an event's version",
+    label = "the parameter named by `watermark = \"…\"` has this type",
+    note = "use an integer type (`i64`, `u32`, …): the event's position in its stream, counting from 1"
+)]
+pub trait ToWatermark {
+    /// The event's version, or the text of one that is no version (0, negative, out of
+    /// the 64-bit range).
+    fn to_watermark(&self) -> Result<i64, String>;
+}
+
+macro_rules! watermarks {
+    ($($t:ty),*) => {$(
+        impl ToWatermark for $t {
+            fn to_watermark(&self) -> Result<i64, String> {
+                match i64::try_from(*self) {
+                    Ok(version) if version > 0 => Ok(version),
+                    _ => Err(self.to_string()),
+                }
+            }
+        }
+    )*};
+}
+watermarks!(
+    i64, i32, i16, i8, u64, u32, u16, u8, usize, isize, i128, u128
+);
+
+impl<T: ToWatermark + ?Sized> ToWatermark for &T {
+    fn to_watermark(&self) -> Result<i64, String> {
+        (**self).to_watermark()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

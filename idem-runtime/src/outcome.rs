@@ -10,6 +10,7 @@
 /// | [`IllegalState`](Outcome::IllegalState) | the row is in a state from which `to` cannot be reached | alert: a data or workflow bug |
 /// | [`NotFound`](Outcome::NotFound) | no row has this key | the caller's business |
 /// | [`StaleVersion`](Outcome::StaleVersion) | the caller's expected version did not hold | re-read and decide |
+/// | [`Superseded`](Outcome::Superseded) | an event older than the row (a handler with `watermark = "…"`) | ack and drop it |
 ///
 /// Only `Applied` ran the handler's body. Every other outcome rolled back an empty
 /// transaction: nothing was written.
@@ -61,13 +62,30 @@ pub enum Outcome<T, S> {
         /// The version in the database.
         actual: i64,
     },
+    /// An event of a stream (a handler with `watermark = "…"`) older than the row: the
+    /// row already took a later event's version, so this one would move it backwards.
+    /// Nothing was written, and nothing ever will be for this event: ack it and drop it.
+    /// (The event that gave the row its version, delivered again, is
+    /// [`AlreadyDone`](Outcome::AlreadyDone) with its first result.)
+    Superseded {
+        /// The row's current state.
+        current: S,
+        /// The row's version: the latest event it took.
+        version: i64,
+        /// This event's version.
+        event: i64,
+    },
 }
 
 impl<T, S> Outcome<T, S> {
-    /// `true` for [`Applied`](Outcome::Applied) and [`AlreadyDone`](Outcome::AlreadyDone):
-    /// the transition has happened, whoever did it. A consumer acks on `true`.
+    /// `true` for [`Applied`](Outcome::Applied), [`AlreadyDone`](Outcome::AlreadyDone) and
+    /// [`Superseded`](Outcome::Superseded): nothing is left to do for this call, whoever
+    /// did it. A consumer acks on `true`.
     pub fn is_done(&self) -> bool {
-        matches!(self, Outcome::Applied(_) | Outcome::AlreadyDone { .. })
+        matches!(
+            self,
+            Outcome::Applied(_) | Outcome::AlreadyDone { .. } | Outcome::Superseded { .. }
+        )
     }
 
     /// `true` only if this call performed the transition.
@@ -112,6 +130,15 @@ impl<T, S> Outcome<T, S> {
             Outcome::StaleVersion { expected, actual } => {
                 Outcome::StaleVersion { expected, actual }
             }
+            Outcome::Superseded {
+                current,
+                version,
+                event,
+            } => Outcome::Superseded {
+                current,
+                version,
+                event,
+            },
         }
     }
 
@@ -124,6 +151,7 @@ impl<T, S> Outcome<T, S> {
             Outcome::IllegalState { .. } => OutcomeKind::IllegalState,
             Outcome::NotFound => OutcomeKind::NotFound,
             Outcome::StaleVersion { .. } => OutcomeKind::StaleVersion,
+            Outcome::Superseded { .. } => OutcomeKind::Superseded,
         }
     }
 }
@@ -209,11 +237,13 @@ pub enum OutcomeKind {
     NotFound,
     /// See [`Outcome::StaleVersion`].
     StaleVersion,
+    /// See [`Outcome::Superseded`].
+    Superseded,
 }
 
 impl OutcomeKind {
     /// The name used in logs and metrics: `applied`, `already_done`, `not_yet`, `illegal_state`,
-    /// `not_found`, `stale_version`.
+    /// `not_found`, `stale_version`, `superseded`.
     pub fn as_str(self) -> &'static str {
         match self {
             OutcomeKind::Applied => "applied",
@@ -222,6 +252,7 @@ impl OutcomeKind {
             OutcomeKind::IllegalState => "illegal_state",
             OutcomeKind::NotFound => "not_found",
             OutcomeKind::StaleVersion => "stale_version",
+            OutcomeKind::Superseded => "superseded",
         }
     }
 }

@@ -49,6 +49,16 @@ pub struct Statements {
     pub transition_storing: &'static str,
     /// [`transition_storing`](Self::transition_storing) with the guard `version = $k+6`.
     pub transition_storing_guarded: &'static str,
+    /// [`transition`](Self::transition) with an event's watermark in the expected
+    /// version's place (`$k+5`): `version < $n`, and the row takes the event's version
+    /// (`SET version = $n`), so an event older than the row and a duplicate both match
+    /// nothing. On SQLite, [`update_watermark`](Self::update_watermark).
+    pub transition_watermark: &'static str,
+    /// [`transition_storing`](Self::transition_storing) with an event's watermark (`$k+6`).
+    /// Empty on SQLite.
+    pub transition_storing_watermark: &'static str,
+    /// [`update`](Self::update) with an event's watermark (`$k+3`).
+    pub update_watermark: &'static str,
     /// The conditional UPDATE alone (idem reads how many rows it changed);
     /// [`classify`](Self::classify) follows a miss. On SQLite the same as `transition`; on PostgreSQL used while misses are rare
     /// (see [`Classification`](crate::Classification)).

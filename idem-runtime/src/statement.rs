@@ -108,6 +108,18 @@ impl<DB: Backend, T, M: Send> Plan<DB> for StatementPlan<'_, T, M> {
                 reply: Moved::No(refusal.into_outcome()),
                 commit: false,
             },
+            Err(NotMoved::Superseded {
+                current,
+                version,
+                event,
+            }) => Entered::Done {
+                reply: Moved::No(Outcome::Superseded {
+                    current,
+                    version,
+                    event,
+                }),
+                commit: false,
+            },
         })
     }
 

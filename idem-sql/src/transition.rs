@@ -53,6 +53,12 @@ pub struct Statements {
     pub transition_storing: String,
     /// `transition_storing` with the guard `version = $n`.
     pub transition_storing_guarded: String,
+    /// `transition` with an event's watermark (`version < $n`, `SET version = $n`).
+    pub transition_watermark: String,
+    /// `transition_storing` with an event's watermark.
+    pub transition_storing_watermark: String,
+    /// `update` with an event's watermark.
+    pub update_watermark: String,
     /// The conditional UPDATE alone.
     pub update: String,
     /// `update` with the guard `version = $n`.
@@ -135,11 +141,12 @@ impl Quoted {
         } = self;
         format!(
             "UPDATE {table}\n\
-             SET {state} = {to}, {version} = {version} + 1{set}\n\
+             SET {state} = {to}, {version} = {next}{set}\n\
              WHERE {key} AND {state} = {from} AND {guard}",
             key = self.key_matches(""),
             from = self.after_key(1),
             to = self.after_key(2),
+            next = guard.next_version(self, unguarded),
             set = self.assignments(guard.last(self, unguarded) + 1),
             guard = guard.sql(self, unguarded),
         )
@@ -287,6 +294,9 @@ enum Guard {
     Any,
     /// The optimistic-locking guard `version = $n`: the statement's last own parameter.
     Expected,
+    /// An event stream's watermark: `version < $n`, and the row takes the event's version
+    /// (`version = $n`), so an older event and a duplicate both match nothing.
+    Watermark,
 }
 
 impl Guard {
@@ -294,6 +304,15 @@ impl Guard {
         match self {
             Guard::Any => format!("{} IS NOT NULL", q.version),
             Guard::Expected => format!("{} = ${}", q.version, self.last(q, unguarded)),
+            Guard::Watermark => format!("{} < ${}", q.version, self.last(q, unguarded)),
+        }
+    }
+
+    /// What the version becomes: one more, or the event's.
+    fn next_version(&self, q: &Quoted, unguarded: usize) -> String {
+        match self {
+            Guard::Any | Guard::Expected => format!("{} + 1", q.version),
+            Guard::Watermark => format!("${}", self.last(q, unguarded)),
         }
     }
 
@@ -304,7 +323,7 @@ impl Guard {
             + unguarded
             + match self {
                 Guard::Any => 0,
-                Guard::Expected => 1,
+                Guard::Expected | Guard::Watermark => 1,
             }
     }
 }
@@ -320,6 +339,9 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         transition_guarded: q.postgres_transition(&Guard::Expected),
         transition_storing: q.postgres_transition_storing(&Guard::Any),
         transition_storing_guarded: q.postgres_transition_storing(&Guard::Expected),
+        transition_watermark: q.postgres_transition(&Guard::Watermark),
+        transition_storing_watermark: q.postgres_transition_storing(&Guard::Watermark),
+        update_watermark: q.plain_update(&Guard::Watermark),
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
@@ -337,6 +359,9 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         transition_guarded: q.plain_update(&Guard::Expected),
         transition_storing: String::new(),
         transition_storing_guarded: String::new(),
+        transition_watermark: q.plain_update(&Guard::Watermark),
+        transition_storing_watermark: String::new(),
+        update_watermark: q.plain_update(&Guard::Watermark),
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
@@ -512,6 +537,35 @@ mod tests {
             assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
         }
         assert_eq!(sqlite(&names(&["order_id"]), &[]).transition_storing, "");
+    }
+
+    #[test]
+    fn a_watermark_takes_the_events_version() {
+        let lite = sqlite(&names(&["account_id"]), &[]);
+        assert_eq!(
+            lite.update_watermark,
+            "UPDATE \"orders\"\n\
+             SET \"status\" = $3, \"version\" = $4\n\
+             WHERE \"account_id\" = $1 AND \"status\" = $2 AND \"version\" < $4"
+        );
+        let pg = postgres(&names(&["account_id"]), &PAY_SET);
+        assert!(
+            pg.update_watermark
+                .contains("\"version\" = $4, \"paid_at\" = CURRENT_TIMESTAMP, \"amount\" = $5")
+        );
+        assert!(
+            pg.transition_watermark
+                .contains("\"version\" = $6, \"paid_at\"")
+        );
+        assert!(pg.transition_watermark.contains("AND \"version\" < $6\n"));
+        assert!(
+            pg.transition_storing_watermark
+                .contains("AND \"version\" < $7\n")
+        );
+        assert!(
+            pg.transition_storing_watermark
+                .contains("\"amount\" = $8, \"note\" = $9\n")
+        );
     }
 
     #[test]

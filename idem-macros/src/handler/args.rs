@@ -12,7 +12,7 @@ use crate::keys::KeyNames;
 use proc_macro2::{Span, TokenStream};
 use syn::{LitStr, Path};
 
-pub const KEYS: &str = "machine, key, from, to, version, set, inbox, message, payload";
+pub const KEYS: &str = "machine, key, from, to, version, watermark, set, inbox, message, payload";
 
 pub struct Args {
     pub transition: Option<TransitionArgs>,
@@ -26,6 +26,8 @@ pub struct TransitionArgs {
     pub from: LitStr,
     pub to: LitStr,
     pub version: Option<LitStr>,
+    /// The parameter holding an event's version: the row must be below it, and takes it.
+    pub watermark: Option<LitStr>,
     /// The columns the UPDATE also sets, in the attribute's order.
     pub set: Vec<SetColumn>,
 }
@@ -58,6 +60,7 @@ impl Args {
         let mut from = None;
         let mut to = None;
         let mut version = None;
+        let mut watermark = None;
         let mut set: Option<Vec<SetColumn>> = None;
         let mut inbox = None;
         let mut message = None;
@@ -127,6 +130,7 @@ impl Args {
                 "from" => &mut from,
                 "to" => &mut to,
                 "version" => &mut version,
+                "watermark" => &mut watermark,
                 "inbox" => &mut inbox,
                 "message" => &mut message,
                 "payload" => &mut payload,
@@ -167,6 +171,7 @@ impl Args {
             || from.is_some()
             || to.is_some()
             || version.is_some()
+            || watermark.is_some()
             || set.is_some();
         let wants_inbox = inbox.is_some() || message.is_some() || payload.is_some();
         if wants_inbox {
@@ -196,15 +201,27 @@ impl Args {
                  `#[idempotent(machine = Order, key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`",
             );
         }
-        if let (Some(f), Some(t)) = (&from, &to)
+        if let (Some(f), Some(t), None) = (&from, &to, &watermark)
             && f.value() == t.value()
         {
             cx.error_spanned_by(
                 t,
                 format!(
-                    "`from` and `to` are both {:?}: a transition must change the state, or a duplicate could not be told from a first call",
+                    "`from` and `to` are both {:?}: a transition must change the state, or a duplicate could not be told from a first call; for an event of a stream that keeps the state, give the event's version: `watermark = \"…\"`",
                     t.value()
                 ),
+            );
+        }
+        if let (Some(_), Some(w)) = (&version, &watermark) {
+            cx.error_spanned_by(
+                w,
+                "`version` and `watermark` both guard the version column: `version` an expected version (optimistic locking), `watermark` an event's version (a stream, which the row takes); give one",
+            );
+        }
+        if let (Some(w), true) = (&watermark, wants_inbox) {
+            cx.error_spanned_by(
+                w,
+                "a watermark already tells a redelivered event by its version: drop the inbox arguments, or the watermark",
             );
         }
         let transition = if wants_transition || !wants_inbox {
@@ -214,6 +231,7 @@ impl Args {
                 from: from?,
                 to: to?,
                 version,
+                watermark,
                 set: set.unwrap_or_default(),
             })
         } else {
@@ -331,6 +349,7 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
     if let Some(t) = &args.transition {
         named.extend(t.key.names.iter().map(|k| ("key", k)));
         named.extend(t.version.as_ref().map(|v| ("version", v)));
+        named.extend(t.watermark.as_ref().map(|w| ("watermark", w)));
     }
     if let Some(i) = &args.inbox {
         named.extend([

@@ -157,6 +157,7 @@ fn transition_checks(
         to,
         key,
         version,
+        watermark,
         set,
     } = t;
     // `machine = …` must name a state machine: required once, on the user's token.
@@ -167,12 +168,19 @@ fn transition_checks(
     // Each check is its own constant so that every mistake is reported, each on its token.
     let check_from = state_check(from);
     let check_to = state_check(to);
-    let check_transition = quote_spanned! {to.span()=>
-        const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::transition_error(__IDEM_MACHINE.definition(), #from, #to)
-        {
-            ::core::panic!("{}", message.as_str())
-        };
+    // An event that keeps the state (`from == to`, with a watermark) is no transition of
+    // the machine's graph: it needs no declared edge.
+    let keeps_state = watermark.is_some() && from.value() == to.value();
+    let check_transition = if keeps_state {
+        TokenStream::new()
+    } else {
+        quote_spanned! {to.span()=>
+            const _: () = if let ::idem::__private::Some(message) =
+                ::idem::__private::transition_error(__IDEM_MACHINE.definition(), #from, #to)
+            {
+                ::core::panic!("{}", message.as_str())
+            };
+        }
     };
     // Spanned at the parameter's type: a type that cannot be a key (or a version) is
     // reported there, once.
@@ -220,7 +228,17 @@ fn transition_checks(
         }
         None => quote!(::idem::__private::None),
     };
-    let (check_set, set_call) = set_columns(set, &param_type);
+    let (check_set, mut set_call) = set_columns(set, &param_type);
+    if let Some(w) = watermark {
+        let ident = Ident::new(&w.value(), w.span());
+        let value = match param_type(w) {
+            Some(ty) => quote_spanned! {ty.span()=>
+                <#ty as ::idem::ToWatermark>::to_watermark(&#ident)
+            },
+            None => quote_spanned!(w.span()=> ::idem::ToWatermark::to_watermark(&#ident)),
+        };
+        set_call.extend(quote!(.watermark(#value)));
+    }
     let checks = quote! {
         #machine_ref
         #check_from
@@ -360,13 +378,20 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         .map(|(i, name)| format!("`${} = {}`", i + 1, name.value()))
         .collect::<Vec<_>>()
         .join(", ");
-    let guard = match &t.version {
-        Some(v) => format!(
+    let guard = match (&t.version, &t.watermark) {
+        (Some(v), _) => format!(
             " and, when `{}` is given, the guard `version = {}`",
             v.value(),
             v.value()
         ),
-        None => String::new(),
+        (None, Some(w)) => format!(
+            " and the event's watermark: `version < {w}`, and the row takes `version = {w}` \
+             (an event older than the row is [`Outcome::Superseded`](::idem::Outcome::Superseded), \
+             the same event again [`Outcome::AlreadyDone`](::idem::Outcome::AlreadyDone) with its \
+             first result)",
+            w = w.value()
+        ),
+        (None, None) => String::new(),
     };
     let sets = t
         .set

@@ -108,6 +108,9 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         transition_guarded: "",
         transition_storing: "",
         transition_storing_guarded: "",
+        transition_watermark: "",
+        transition_storing_watermark: "",
+        update_watermark: "",
         update: "",
         update_guarded: "",
         classify: "",
@@ -137,6 +140,9 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
         transition_guarded,
         transition_storing,
         transition_storing_guarded,
+        transition_watermark,
+        transition_storing_watermark,
+        update_watermark,
         update,
         update_guarded,
         classify,
@@ -149,6 +155,9 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
             transition_guarded: #transition_guarded,
             transition_storing: #transition_storing,
             transition_storing_guarded: #transition_storing_guarded,
+            transition_watermark: #transition_watermark,
+            transition_storing_watermark: #transition_storing_watermark,
+            update_watermark: #update_watermark,
             update: #update,
             update_guarded: #update_guarded,
             classify: #classify,
@@ -218,7 +227,9 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
          id (`{id}`, the scope of its stored results), the key as text, and the expected version last (see [`idem::Statements`]).\n\n\
          # The plain UPDATE (SQLite, and PostgreSQL while misses are rare)\n\n\
          Inside the transaction (`BEGIN IMMEDIATE` on SQLite):\n\n```sql\n{lite}\n```\n\n\
-         With an expected version, `{version} = {guard}` replaces `{version} IS NOT NULL`. \
+         With an expected version, `{version} = {guard}` replaces `{version} IS NOT NULL`; with \
+         an event's watermark (`watermark = \"…\"`), `{version} < {guard}` does, and the row takes \
+         the event's version:\n\n```sql\n{lite_watermark}\n```\n\n\
          Only when that matched no row:\n\n```sql\n{classify}\n```\n\n\
          # PostgreSQL, while most recent calls missed\n\n\
          One statement attempts the transition and, only when it matched no row, reports \
@@ -250,6 +261,7 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
         pg_storing = postgres.transition_storing,
         result = m.key.len() + 5,
         lite = sqlite.transition,
+        lite_watermark = sqlite.update_watermark,
         classify = sqlite.classify,
         store = postgres.store_result,
         create = postgres.create_results_table,

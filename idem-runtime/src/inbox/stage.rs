@@ -343,6 +343,12 @@ where
                 reply: Delivery::Refused(refusal),
                 commit: false,
             },
+            // An event older than the row (a stage with a watermark; `#[idempotent]` does
+            // not combine one with an inbox): nothing left to do for this message, ever.
+            Err(NotMoved::Superseded { .. }) => Entered::Done {
+                reply: Delivery::Duplicate { first_result: None },
+                commit: true,
+            },
         })
     }
 

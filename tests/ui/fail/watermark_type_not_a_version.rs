@@ -1,0 +1,25 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+
+// An event's version is an integer.
+#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID", watermark = "event")]
+async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, event: String) -> Result<(), sqlx::Error> {
+    let _ = (tx, event);
+    Ok(())
+}
+
+fn main() {}
