@@ -107,6 +107,37 @@ fn readme_shows_the_watermark_sql() {
     );
 }
 
+/// The README's `create_order`, built as the runtime builds it.
+#[test]
+fn readme_shows_the_creation_sql() {
+    use idem_sql::transition::{Assignment, Names, SetTo, sqlite};
+    let readme = include_str!("../README.md");
+    let names = Names {
+        table: "pay_orders",
+        key: &["out_trade_no"],
+        state: "status",
+        version: "version",
+        results: "idem_results",
+    };
+    let bound = |column| Assignment {
+        column,
+        value: SetTo::Bound,
+    };
+    let set = [
+        bound("amount"),
+        bound("customer"),
+        Assignment {
+            column: "created_at",
+            value: SetTo::Now,
+        },
+    ];
+    let create = sqlite(&names, &set).create;
+    assert!(
+        readme.contains(&format!("```sql\n{create}\n```")),
+        "README.md does not show the creation INSERT as generated:\n{create}"
+    );
+}
+
 #[test]
 fn readme_shows_the_composite_key_sql() {
     let readme = include_str!("../README.md");

@@ -137,6 +137,8 @@ mod tests {
         classify: "",
         store_result: "",
         create_results_table: "",
+        create: "",
+        classify_created: "",
         enforce: "",
     };
 

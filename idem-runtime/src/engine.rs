@@ -8,7 +8,7 @@ use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::key::{Key, KeyError};
-use crate::machine::Machine;
+use crate::machine::{Definition, Machine};
 use crate::observe::Labels;
 use crate::outcome::{Outcome, Refusal};
 use crate::transition::Transition;
@@ -89,9 +89,34 @@ pub struct TransitionStage<M> {
 
 /// The columns a handler sets in the UPDATE, and their values (or the first that cannot
 /// be bound).
-struct Setting {
-    columns: &'static SetColumns,
-    values: Result<Vec<ColumnValue>, (&'static str, ColumnProblem)>,
+pub(crate) struct Setting {
+    pub(crate) columns: &'static SetColumns,
+    pub(crate) values: Result<Vec<ColumnValue>, (&'static str, ColumnProblem)>,
+}
+
+impl Setting {
+    /// `columns` with `values`, one per bound column, in order.
+    pub(crate) fn new(
+        columns: &'static SetColumns,
+        values: Vec<Result<ColumnValue, ColumnProblem>>,
+    ) -> Self {
+        let values = columns
+            .bound()
+            .zip(values)
+            .map(|(column, value)| value.map_err(|problem| (column, problem)))
+            .collect();
+        Setting { columns, values }
+    }
+
+    /// The first value that cannot be bound, as the call's error.
+    pub(crate) fn check(&self) -> Result<&[ColumnValue], Error<Infallible>> {
+        self.values
+            .as_deref()
+            .map_err(|(column, problem)| Error::InvalidColumn {
+                column,
+                problem: problem.clone(),
+            })
+    }
 }
 
 /// Why the transition stage did not move its row.
@@ -160,12 +185,7 @@ impl<M> TransitionStage<M> {
         columns: &'static SetColumns,
         values: Vec<Result<ColumnValue, ColumnProblem>>,
     ) -> Self {
-        let values = columns
-            .bound()
-            .zip(values)
-            .map(|(column, value)| value.map_err(|problem| (column, problem)))
-            .collect();
-        self.set = Some(Setting { columns, values });
+        self.set = Some(Setting::new(columns, values));
         self
     }
 
@@ -184,15 +204,8 @@ impl<M> TransitionStage<M> {
                 value: value.clone(),
             });
         }
-        if let Some(Setting {
-            values: Err((column, problem)),
-            ..
-        }) = &self.set
-        {
-            return Err(Error::InvalidColumn {
-                column,
-                problem: problem.clone(),
-            });
+        if let Some(set) = &self.set {
+            set.check()?;
         }
         Ok(())
     }
@@ -232,18 +245,10 @@ impl<M> TransitionStage<M> {
         let dialect = DB::dialect(conn);
         let set = match &self.set {
             None => None,
-            Some(Setting { columns, values }) => {
-                let values = values
-                    .as_ref()
-                    .map_err(|(column, problem)| Error::InvalidColumn {
-                        column,
-                        problem: problem.clone(),
-                    })?;
-                Some((
-                    columns.statements(dialect, transition.definition),
-                    values.as_slice(),
-                ))
-            }
+            Some(setting) => Some((
+                setting.columns.statements(dialect, transition.definition),
+                setting.check()?,
+            )),
         };
         let storing = storing.filter(|_| dialect == Dialect::Postgres);
         let call = Call {
@@ -263,12 +268,14 @@ impl<M> TransitionStage<M> {
         loop {
             let Some(row) = observed else {
                 reached(FaultPoint::Transitioned);
-                return Ok(Ok(Moved {
-                    transition,
-                    dialect: call.dialect,
-                    key_text: self.result_key.clone(),
-                    stored: storing.is_some(),
-                }));
+                let mut moved = Moved::new(
+                    transition.definition,
+                    (transition.from_name(), transition.to_name()),
+                    call.dialect,
+                    self.result_key.clone(),
+                );
+                moved.stored = storing.is_some();
+                return Ok(Ok(moved));
             };
             let classified = classify(&transition, row, call.guard);
             if classified != Classified::LostRace {
@@ -397,7 +404,11 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
 
 /// A transition that moved its row, waiting for the body's result to be stored.
 pub struct Moved {
-    transition: Transition,
+    definition: &'static Definition,
+    /// The states the first result is stored under: the transition's (a creation's
+    /// `from` is the empty string).
+    from: &'static str,
+    to: &'static str,
     dialect: Dialect,
     key_text: String,
     /// The statement that moved the row stored the first result too.
@@ -405,19 +416,35 @@ pub struct Moved {
 }
 
 impl Moved {
+    /// A row moved (or created) by `from → to`, its result to be stored under `key_text`.
+    pub(crate) fn new(
+        definition: &'static Definition,
+        (from, to): (&'static str, &'static str),
+        dialect: Dialect,
+        key_text: String,
+    ) -> Self {
+        Moved {
+            definition,
+            from,
+            to,
+            dialect,
+            key_text,
+            stored: false,
+        }
+    }
+
     /// Stores the body's result (JSON, not `null`) as the transition's first result.
     pub(crate) async fn store<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
         json: &str,
     ) -> Result<(), sqlx::Error> {
-        let t = self.transition;
-        let sql = self.dialect.statements(t.definition).store_result;
+        let sql = self.dialect.statements(self.definition).store_result;
         let params = [
-            Param::Text(t.definition.id),
+            Param::Text(self.definition.id),
             Param::Text(&self.key_text),
-            Param::Text(t.from_name()),
-            Param::Text(t.to_name()),
+            Param::Text(self.from),
+            Param::Text(self.to),
             Param::Text(json),
         ];
         DB::execute(conn, sql, &params).await.map(drop)
@@ -427,6 +454,12 @@ impl Moved {
 /// The key of a call, validated (or refused) before any statement runs.
 #[derive(Debug)]
 pub struct CallKey(Result<Key, KeyError>);
+
+impl CallKey {
+    pub(crate) fn into_inner(self) -> Result<Key, KeyError> {
+        self.0
+    }
+}
 
 impl From<Key> for CallKey {
     fn from(key: Key) -> Self {
@@ -553,7 +586,7 @@ impl<'a> Updates<'a> {
 
 /// A statement's parameters: on the stack for up to [`Params::INLINE`] (a key of up to three
 /// columns), so a call allocates nothing for them.
-struct Params<'a> {
+pub(crate) struct Params<'a> {
     inline: [Param<'a>; Params::INLINE],
     len: usize,
     spilled: Vec<Param<'a>>,
@@ -574,7 +607,7 @@ impl Default for Params<'_> {
 }
 
 impl<'a> Params<'a> {
-    fn push(&mut self, param: Param<'a>) {
+    pub(crate) fn push(&mut self, param: Param<'a>) {
         if self.len < Params::INLINE {
             self.inline[self.len] = param;
         } else {
@@ -600,7 +633,7 @@ impl<'a> core::ops::Deref for Params<'a> {
 }
 
 /// The key's columns, in order, as parameters.
-fn key_params<'a>(key: &'a Key, params: &mut Params<'a>) {
+pub(crate) fn key_params<'a>(key: &'a Key, params: &mut Params<'a>) {
     match key {
         Key::Int(n) => params.push(Param::Int(*n)),
         Key::Text(s) => params.push(Param::Text(s)),

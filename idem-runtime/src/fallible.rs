@@ -1,5 +1,6 @@
 //! The handler's return type, seen as a `Result`.
 
+use crate::creation::Creation;
 use crate::error::Error;
 use crate::inbox::Delivery;
 use crate::outcome::{Outcome, Refusal};
@@ -7,6 +8,10 @@ use crate::outcome::{Outcome, Refusal};
 /// The return type of an `#[idempotent]` handler whose body returns `R`
 /// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
 pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
+
+/// What a creation handler (`create = "…"`) returns: `Result<Creation<T, M>, Error<E>>`
+/// for a body returning `Result<T, E>`.
+pub type Created<R, M> = Result<Creation<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
 
 /// The return type of an `#[idempotent]` message handler (`inbox`, `message`, `payload`)
 /// whose body returns `R` (`Result<T, E>`): `Result<Delivery<T>, Error<E>>`.

@@ -8,6 +8,7 @@ mod classification;
 mod classify;
 mod column;
 mod conflict;
+mod creation;
 mod enforce;
 mod engine;
 mod error;
@@ -42,10 +43,11 @@ pub use backend::{Backend, is_transient};
 pub use classification::{Classification, set_postgres_classification};
 pub use column::{ColumnProblem, ColumnType, ColumnValue, ToColumn};
 pub use conflict::is_conflict_source;
+pub use creation::Creation;
 pub use enforce::enforce;
 pub use engine::{CallKey, run};
 pub use error::{Error, RowProblem};
-pub use fallible::{Consumed, ConsumedTransition, Fallible, Handled};
+pub use fallible::{Consumed, ConsumedTransition, Created, Fallible, Handled};
 pub use glue::Storable;
 pub use inbox::migrate;
 pub use key::{CompositeKey, Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion, ToWatermark};
@@ -66,12 +68,14 @@ pub use work::Source;
 pub mod __private {
     pub use crate::backend::Dialect;
     pub use crate::column::{SetColumns, column_error};
+    pub use crate::creation::CreationPlan;
     pub use crate::engine::{TransitionPlan, TransitionStage};
     pub use crate::glue::{
         Codec, MachineRef, NoDatabaseInTheBody, PoolOf, codec, machine, picture,
     };
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
     pub use crate::statement::statement;
+    pub use crate::transition::{creation_error, state_index};
     pub use crate::work::{
         Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,
     };

@@ -72,6 +72,15 @@ pub struct Statements {
     pub store_result: &'static str,
     /// Creates the results table if it does not exist.
     pub create_results_table: &'static str,
+    /// Creates the row in an initial state under its key (`create = "…"`), unless a row
+    /// has the key: `$1` … `$k` the key, `$k+1` the state, version 0, then the columns the
+    /// handler sets; `ON CONFLICT (key) DO NOTHING` (the key needs a unique index).
+    pub create: &'static str,
+    /// After a creation that inserted nothing: the row, whether the columns the handler
+    /// sets hold its values (`same_content`), and the first result of the row's creation.
+    /// The parameters of [`classify`](Self::classify) (`from` is the empty string, `to`
+    /// the created state), then the values compared, from `$k+5`.
+    pub classify_created: &'static str,
     /// Makes the database enforce the machine, whoever writes the table: only declared
     /// states in the state column, and an UPDATE of it only along a declared transition
     /// (PostgreSQL: a CHECK constraint and a row trigger, SQLSTATE 23514; SQLite: two

@@ -38,8 +38,9 @@ use std::time::Duration;
 const RETRIES: usize = 200;
 const RETRY_PAUSE: Duration = Duration::from_millis(10);
 
-/// A handler's answer, as the checks read it: [`Outcome`] (a transition) or [`Delivery`]
-/// (an inbox handler, with or without a transition).
+/// A handler's answer, as the checks read it: [`Outcome`] (a transition),
+/// [`Creation`](crate::Creation) (a creation) or [`Delivery`] (an inbox handler, with or
+/// without a transition).
 pub trait Answer: Debug {
     /// The handler's result type.
     type Result: PartialEq + Debug + Serialize;
@@ -87,6 +88,35 @@ impl<T: PartialEq + Debug + Serialize, S: Debug> Answer for Outcome<T, S> {
 
     fn later(&self) -> bool {
         matches!(self, Outcome::NotYet { .. })
+    }
+}
+
+impl<T: PartialEq + Debug + Serialize, S: Debug> Answer for crate::Creation<T, S> {
+    type Result = T;
+
+    fn applied(&self) -> Option<&T> {
+        match self {
+            crate::Creation::Created(result) => Some(result),
+            _ => None,
+        }
+    }
+
+    fn into_applied(self) -> Option<T> {
+        match self {
+            crate::Creation::Created(result) => Some(result),
+            _ => None,
+        }
+    }
+
+    fn replayed(&self) -> Option<Option<&T>> {
+        match self {
+            crate::Creation::Duplicate { first_result, .. } => Some(first_result.as_ref()),
+            _ => None,
+        }
+    }
+
+    fn later(&self) -> bool {
+        false
     }
 }
 

@@ -150,6 +150,49 @@ pub const fn transition_error(
     })
 }
 
+/// The position of the state `name` in the machine's states (generated code only; call
+/// after [`state_error`] returned `None`; an unknown name is 0).
+#[doc(hidden)]
+pub const fn state_index(definition: &Definition, name: &str) -> usize {
+    index_or_zero(definition, name)
+}
+
+/// The compile error for a creation (`create = "…"`) into a state that is not initial: a
+/// row is created only where the workflow starts, so that every later state is reached by
+/// its transitions. `None` when the state is unknown: [`state_error`] reports that.
+pub const fn creation_error(definition: &Definition, name: &str) -> Option<TransitionError> {
+    let Some(state) = find(definition.states, name) else {
+        return None;
+    };
+    let mut i = 0;
+    let mut sources = TransitionError::new();
+    let mut count = 0;
+    while i < definition.transitions.len() {
+        let (a, b) = definition.transitions[i];
+        if b as usize == state {
+            if count > 0 {
+                sources = sources.push(", ");
+            }
+            sources = sources.push(definition.states[a as usize]);
+            count += 1;
+        }
+        i += 1;
+    }
+    if count == 0 {
+        return None;
+    }
+    Some(
+        TransitionError::new()
+            .push("`create` makes a row in an initial state, and `")
+            .push(name)
+            .push("` is reached from ")
+            .push(sources.as_str())
+            .push(" in state machine `")
+            .push(definition.name)
+            .push("`; create the row in a state no transition leads to, and move it from there"),
+    )
+}
+
 /// The compile error for a handler whose `key` names a different number of parameters
 /// than the machine has key columns.
 pub const fn key_error(definition: &Definition, params: &[&str]) -> Option<TransitionError> {

@@ -69,6 +69,15 @@ pub struct Statements {
     pub store_result: String,
     /// Creates the results table.
     pub create_results_table: String,
+    /// Creates the row in an initial state under its key, unless a row has the key: the
+    /// key's columns (`$1` … `$k`), the state (`$k+1`), version 0, and the columns set
+    /// (`$k+2` on), `ON CONFLICT (key) DO NOTHING`.
+    pub create: String,
+    /// After a creation that inserted nothing: the row, whether its columns hold this
+    /// creation's values (`same_content`), and the first result of its creation. The
+    /// classifying read's parameters (with `from` the empty string and `to` the state),
+    /// then the bound values, from `$k+5`.
+    pub classify_created: String,
 }
 
 /// The quoted names, and the parameter positions: the key's columns come first
@@ -175,6 +184,71 @@ impl Quoted {
              \x20      CAST(cur.{version} AS BIGINT) AS current_version,\n\
              \x20      res.result AS first_result",
             key = self.keys[0],
+        )
+    }
+
+    /// `INSERT … ON CONFLICT (key) DO NOTHING`: an atomic insert into the unique key.
+    fn create(&self) -> String {
+        let Quoted {
+            table,
+            keys,
+            state,
+            version,
+            set,
+            ..
+        } = self;
+        let k = keys.len();
+        let mut columns: Vec<String> = keys.clone();
+        let mut values: Vec<String> = (1..=k).map(|n| format!("${n}")).collect();
+        columns.push(state.clone());
+        values.push(format!("${}", k + 1));
+        columns.push(version.clone());
+        values.push("0".to_owned());
+        let mut next = k + 2;
+        for (column, value) in set {
+            columns.push(column.clone());
+            values.push(match value {
+                SetTo::Bound => {
+                    next += 1;
+                    format!("${}", next - 1)
+                }
+                SetTo::Now => "CURRENT_TIMESTAMP".to_owned(),
+            });
+        }
+        format!(
+            "INSERT INTO {table} ({})\n\
+             VALUES ({})\n\
+             ON CONFLICT ({}) DO NOTHING",
+            columns.join(", "),
+            values.join(", "),
+            keys.join(", "),
+        )
+    }
+
+    /// The classifying read of a creation that inserted nothing: the row as it is, and
+    /// whether each bound column holds this creation's value (`same`: the backend's
+    /// null-safe equality).
+    fn classify_created(&self, same: &str) -> String {
+        let mut next = self.keys.len() + 5;
+        let mut checks = Vec::new();
+        for (column, value) in &self.set {
+            if *value == SetTo::Bound {
+                checks.push(format!("cur.{column} {same} ${next}"));
+                next += 1;
+            }
+        }
+        let content = if checks.is_empty() {
+            "1 = 1".to_owned()
+        } else {
+            checks.join(" AND ")
+        };
+        format!(
+            "SELECT {observed},\n\
+             \x20      CAST(CASE WHEN {content} THEN 1 ELSE 0 END AS BIGINT) AS same_content\n\
+             FROM (SELECT 1) AS one\n\
+             {joins}",
+            observed = self.observed_columns(),
+            joins = self.current_row_and_result(),
         )
     }
 
@@ -347,6 +421,8 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
+        create: q.create(),
+        classify_created: q.classify_created("IS NOT DISTINCT FROM"),
     }
 }
 
@@ -367,6 +443,8 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         classify: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TEXT"),
+        create: q.create(),
+        classify_created: q.classify_created("IS"),
     }
 }
 
@@ -566,6 +644,27 @@ mod tests {
             pg.transition_storing_watermark
                 .contains("\"amount\" = $8, \"note\" = $9\n")
         );
+    }
+
+    #[test]
+    fn a_creation_is_one_insert_into_the_unique_key() {
+        let pg = postgres(&names(&["tenant_id", "order_id"]), &PAY_SET);
+        assert_eq!(
+            pg.create,
+            "INSERT INTO \"orders\" (\"tenant_id\", \"order_id\", \"status\", \"version\", \"paid_at\", \"amount\", \"note\")\n\
+             VALUES ($1, $2, $3, 0, CURRENT_TIMESTAMP, $4, $5)\n\
+             ON CONFLICT (\"tenant_id\", \"order_id\") DO NOTHING"
+        );
+        assert!(pg.classify_created.contains(
+            "CASE WHEN cur.\"amount\" IS NOT DISTINCT FROM $7 AND cur.\"note\" IS NOT DISTINCT FROM $8 THEN 1"
+        ));
+        let lite = sqlite(&names(&["order_id"]), &[]);
+        assert!(lite.classify_created.contains("CASE WHEN 1 = 1 THEN 1"));
+        assert!(
+            lite.classify_created
+                .contains("res.from_state = CAST($2 AS TEXT)")
+        );
+        assert!(!lite.create.contains('\''));
     }
 
     #[test]

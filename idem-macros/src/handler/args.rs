@@ -12,11 +12,23 @@ use crate::keys::KeyNames;
 use proc_macro2::{Span, TokenStream};
 use syn::{LitStr, Path};
 
-pub const KEYS: &str = "machine, key, from, to, version, watermark, set, inbox, message, payload";
+pub const KEYS: &str =
+    "machine, key, from, to, version, watermark, create, set, inbox, message, payload";
 
 pub struct Args {
     pub transition: Option<TransitionArgs>,
     pub inbox: Option<InboxArgs>,
+    pub creation: Option<CreationArgs>,
+}
+
+/// A creation: `machine = Order, key = "out_trade_no", create = "CREATED"`, and the columns
+/// it writes besides the key, state and version, `set(…)`.
+pub struct CreationArgs {
+    pub machine: Path,
+    pub key: KeyNames,
+    /// The initial state the row is created in.
+    pub state: LitStr,
+    pub set: Vec<SetColumn>,
 }
 
 pub struct TransitionArgs {
@@ -61,6 +73,7 @@ impl Args {
         let mut to = None;
         let mut version = None;
         let mut watermark = None;
+        let mut create = None;
         let mut set: Option<Vec<SetColumn>> = None;
         let mut inbox = None;
         let mut message = None;
@@ -131,6 +144,7 @@ impl Args {
                 "to" => &mut to,
                 "version" => &mut version,
                 "watermark" => &mut watermark,
+                "create" => &mut create,
                 "inbox" => &mut inbox,
                 "message" => &mut message,
                 "payload" => &mut payload,
@@ -165,6 +179,46 @@ impl Args {
         if let Err(e) = syn::parse::Parser::parse2(parser, tokens) {
             cx.push(e);
             return None;
+        }
+        if let Some(state) = create {
+            for (name, given) in [
+                ("from", &from),
+                ("to", &to),
+                ("version", &version),
+                ("watermark", &watermark),
+            ] {
+                if let Some(lit) = given {
+                    cx.error_spanned_by(
+                        lit,
+                        format!(
+                            "`create` makes the row, in its initial state: it takes no `{name}`; move the row with another handler"
+                        ),
+                    );
+                }
+            }
+            if let Some(lit) = inbox.as_ref().or(message.as_ref()).or(payload.as_ref()) {
+                cx.error_spanned_by(
+                    lit,
+                    "a creation is deduplicated by its key (a unique key of the table): it takes no inbox",
+                );
+            }
+            missing_arguments(
+                cx,
+                &[("machine", machine.is_none()), ("key", key.is_none())],
+                "`machine` names the `#[derive(StateMachine)]` enum and `key` the parameter holding \
+                 the new row's key, e.g. \
+                 `#[idempotent(machine = Order, key = \"out_trade_no\", create = \"CREATED\", set(amount))]`",
+            );
+            return Some(Args {
+                transition: None,
+                inbox: None,
+                creation: Some(CreationArgs {
+                    machine: machine?,
+                    key: key?,
+                    state,
+                    set: set.unwrap_or_default(),
+                }),
+            });
         }
         let wants_transition = machine.is_some()
             || key.is_some()
@@ -246,7 +300,11 @@ impl Args {
         } else {
             None
         };
-        Some(Args { transition, inbox })
+        Some(Args {
+            transition,
+            inbox,
+            creation: None,
+        })
     }
 }
 
@@ -326,6 +384,15 @@ fn missing_arguments(cx: &mut Ctxt, arguments: &[(&str, bool)], explanation: &st
 
 /// The arguments that name parameters must name real ones.
 pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
+    if let (None, Some(_)) = (&handler.tx_type, &args.creation) {
+        cx.error_spanned_by(
+            &handler.tx,
+            format!(
+                "a creation runs in a transaction: take `tx: &mut Transaction<'_, DB>` instead of the pool `{}`",
+                handler.tx
+            ),
+        );
+    }
     if handler.tx_type.is_none() && args.inbox.is_some() {
         cx.error_spanned_by(
             &handler.tx,
@@ -346,6 +413,9 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
         format!("its parameters are: {}", names.join(", "))
     };
     let mut named: Vec<(&str, &LitStr)> = Vec::new();
+    if let Some(c) = &args.creation {
+        named.extend(c.key.names.iter().map(|k| ("key", k)));
+    }
     if let Some(t) = &args.transition {
         named.extend(t.key.names.iter().map(|k| ("key", k)));
         named.extend(t.version.as_ref().map(|v| ("version", v)));
@@ -358,11 +428,14 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
             ("payload", &i.payload),
         ]);
     }
-    let set_params = args.transition.iter().flat_map(|t| {
-        t.set.iter().filter_map(|c| match &c.value {
-            SetValue::Param(param) => Some(("set", param)),
-            SetValue::Now => None,
-        })
+    let set_columns = args
+        .transition
+        .iter()
+        .flat_map(|t| t.set.iter())
+        .chain(args.creation.iter().flat_map(|c| c.set.iter()));
+    let set_params = set_columns.filter_map(|c| match &c.value {
+        SetValue::Param(param) => Some(("set", param)),
+        SetValue::Now => None,
     });
     for (what, lit) in named.iter().copied().chain(set_params) {
         let name = lit.value();

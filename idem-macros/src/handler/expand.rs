@@ -3,7 +3,7 @@
 //! the body (as an async block) run only if the row moved, and compile-time checks of the
 //! transition spanned at the user's tokens.
 
-use super::args::{Args, InboxArgs, SetValue, TransitionArgs};
+use super::args::{Args, CreationArgs, InboxArgs, SetValue, TransitionArgs};
 use super::signature::Handler;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -42,13 +42,17 @@ pub fn expand(
         }
     }
     // Spanned at the user's return type: a type that is not a `Result` is reported there.
-    outer.output = match (&args.transition, &args.inbox) {
-        (Some(t), None) => {
+    outer.output = match (&args.transition, &args.inbox, &args.creation) {
+        (_, _, Some(c)) => {
+            let machine = &c.machine;
+            parse_quote_spanned!(output.span()=> -> ::idem::Created<#output, #machine>)
+        }
+        (Some(t), None, None) => {
             let machine = &t.machine;
             parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>)
         }
-        (None, _) => parse_quote_spanned!(output.span()=> -> ::idem::Consumed<#output>),
-        (Some(t), Some(_)) => {
+        (None, _, None) => parse_quote_spanned!(output.span()=> -> ::idem::Consumed<#output>),
+        (Some(t), Some(_), None) => {
             let machine = &t.machine;
             parse_quote_spanned!(output.span()=> -> ::idem::ConsumedTransition<#output, #machine>)
         }
@@ -68,6 +72,10 @@ pub fn expand(
 
     // The stages of the unit of work, before the body.
     let (checks, make_plan) = match (&args.transition, &args.inbox) {
+        _ if args.creation.is_some() => {
+            let c = args.creation.as_ref().expect("just matched");
+            creation_checks(c, handler)
+        }
         (Some(t), None) => {
             let (checks, call, set) = transition_checks(t, handler);
             let make = quote! {
@@ -160,11 +168,7 @@ fn transition_checks(
         watermark,
         set,
     } = t;
-    // `machine = …` must name a state machine: required once, on the user's token.
-    let machine_ref = quote_spanned! {machine.span()=>
-        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
-            ::idem::__private::machine::<#machine>();
-    };
+    let machine_ref = machine_ref(machine);
     // Each check is its own constant so that every mistake is reported, each on its token.
     let check_from = state_check(from);
     let check_to = state_check(to);
@@ -182,40 +186,8 @@ fn transition_checks(
             };
         }
     };
-    // Spanned at the parameter's type: a type that cannot be a key (or a version) is
-    // reported there, once.
-    let param_type = |name: &syn::LitStr| {
-        handler
-            .params
-            .iter()
-            .find(|p| p.ident == name.value())
-            .filter(|p| !matches!(p.ty, syn::Type::ImplTrait(_)))
-            .map(|p| p.ty.clone())
-    };
-    let parts: Vec<TokenStream> = key
-        .names
-        .iter()
-        .map(|name| {
-            let ident = Ident::new(&name.value(), name.span());
-            match param_type(name) {
-                Some(ty) => quote_spanned!(ty.span()=> <#ty as ::idem::ToKey>::to_key(&#ident)),
-                None => quote_spanned!(name.span()=> ::idem::ToKey::to_key(&#ident)),
-            }
-        })
-        .collect();
-    let key_expr = match parts.as_slice() {
-        [one] => quote!(::idem::CallKey::from(#one)),
-        many => quote!(::idem::CallKey::from(::idem::__private::composite_key([#(#many),*]))),
-    };
-    // One parameter per key column of the machine, reported on the `key` argument.
-    let names = &key.names;
-    let check_key = quote_spanned! {key.span=>
-        const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::key_error(__IDEM_MACHINE.definition(), &[#(#names),*])
-        {
-            ::core::panic!("{}", message.as_str())
-        };
-    };
+    let param_type = |name: &syn::LitStr| param_type(handler, name);
+    let (check_key, key_expr) = key_checks(key, &param_type);
     let version_expr = match version {
         Some(v) => {
             let ident = Ident::new(&v.value(), v.span());
@@ -250,6 +222,94 @@ fn transition_checks(
             ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
     };
     (checks, quote!(#key_expr, #version_expr), set_call)
+}
+
+/// `machine = …` must name a state machine: required once, on the user's token.
+fn machine_ref(machine: &syn::Path) -> TokenStream {
+    quote_spanned! {machine.span()=>
+        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
+            ::idem::__private::machine::<#machine>();
+    }
+}
+
+/// The type of the parameter `name`, to span a check of it there: a type that cannot be a
+/// key (or a version, a column value) is reported on it, once.
+fn param_type(handler: &Handler, name: &syn::LitStr) -> Option<syn::Type> {
+    handler
+        .params
+        .iter()
+        .find(|p| p.ident == name.value())
+        .filter(|p| !matches!(p.ty, syn::Type::ImplTrait(_)))
+        .map(|p| p.ty.clone())
+}
+
+/// The check that `key` names one parameter per key column of the machine (reported on
+/// the `key` argument), and the call's key.
+fn key_checks(
+    key: &crate::keys::KeyNames,
+    param_type: &dyn Fn(&syn::LitStr) -> Option<syn::Type>,
+) -> (TokenStream, TokenStream) {
+    let parts: Vec<TokenStream> = key
+        .names
+        .iter()
+        .map(|name| {
+            let ident = Ident::new(&name.value(), name.span());
+            match param_type(name) {
+                Some(ty) => quote_spanned!(ty.span()=> <#ty as ::idem::ToKey>::to_key(&#ident)),
+                None => quote_spanned!(name.span()=> ::idem::ToKey::to_key(&#ident)),
+            }
+        })
+        .collect();
+    let key_expr = match parts.as_slice() {
+        [one] => quote!(::idem::CallKey::from(#one)),
+        many => quote!(::idem::CallKey::from(::idem::__private::composite_key([#(#many),*]))),
+    };
+    let names = &key.names;
+    let check_key = quote_spanned! {key.span=>
+        const _: () = if let ::idem::__private::Some(message) =
+            ::idem::__private::key_error(__IDEM_MACHINE.definition(), &[#(#names),*])
+        {
+            ::core::panic!("{}", message.as_str())
+        };
+    };
+    (check_key, key_expr)
+}
+
+/// The compile-time checks of a creation and the plan that runs it.
+fn creation_checks(c: &CreationArgs, handler: &Handler) -> (TokenStream, TokenStream) {
+    let CreationArgs {
+        machine,
+        key,
+        state,
+        set,
+    } = c;
+    let machine_ref = machine_ref(machine);
+    let check_state = state_check(state);
+    let check_initial = quote_spanned! {state.span()=>
+        const _: () = if let ::idem::__private::Some(message) =
+            ::idem::__private::creation_error(__IDEM_MACHINE.definition(), #state)
+        {
+            ::core::panic!("{}", message.as_str())
+        };
+    };
+    let param_type = |name: &syn::LitStr| param_type(handler, name);
+    let (check_key, key_expr) = key_checks(key, &param_type);
+    let (check_set, set_call) = set_columns(set, &param_type);
+    let checks = quote! {
+        #machine_ref
+        #check_state
+        #check_initial
+        #check_key
+        #check_set
+        const __IDEM_STATE: usize =
+            ::idem::__private::state_index(__IDEM_MACHINE.definition(), #state);
+    };
+    let make = quote! {
+        ::idem::__private::CreationPlan::new(
+            __IDEM_MACHINE, __IDEM_CODEC, __IDEM_STATE, #key_expr,
+        )#set_call
+    };
+    (checks, make)
 }
 
 /// The columns of `set(…)`: their static (the handler's statements are built from it once
@@ -345,6 +405,38 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
             payload = i.payload.value(),
         )
     });
+    if let Some(c) = &args.creation {
+        let machine = path_text(&c.machine);
+        let sets = c
+            .set
+            .iter()
+            .map(|col| match &col.value {
+                SetValue::Param(p) => format!("`{}` from `{}`", col.column.value(), p.value()),
+                SetValue::Now => format!("`{}` as `CURRENT_TIMESTAMP`", col.column.value()),
+            })
+            .collect::<Vec<_>>();
+        let sets = if sets.is_empty() {
+            String::new()
+        } else {
+            format!(", with {}", sets.join(", "))
+        };
+        return format!(
+            "# Idempotent creation in `{state}`\n\n\
+             Generated by `#[idempotent]` for the state machine [`{machine}`]. One transaction \
+             (from the pool `{tx}`, or a savepoint in the caller's transaction) inserts the row \
+             whose key is `key = {key}` in the state `{state}`{sets} \
+             ([`{machine}::IDEM_SQL`]: `create`, `INSERT … ON CONFLICT (key) DO NOTHING`); only \
+             if it inserted the row, runs this function's body, stores its result and commits.\n\n\
+             Returns [`Creation::Created`](::idem::Creation::Created) with the body's result; \
+             [`Creation::Duplicate`](::idem::Creation::Duplicate) with the first result when a row \
+             has the key and the values this call would write; \
+             [`Creation::Conflict`](::idem::Creation::Conflict) when it has other values (the \
+             first stays, nothing is written); an error from the body rolls everything back and \
+             comes back as [`Error::Handler`](::idem::Error::Handler).",
+            state = c.state.value(),
+            key = c.key.shown(),
+        );
+    }
     let Some(t) = &args.transition else {
         return format!(
             "# Idempotent message handler\n\n\
@@ -355,18 +447,7 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
             inbox.unwrap_or_default()
         );
     };
-    let machine = t
-        .machine
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect::<Vec<_>>()
-        .join("::");
-    let machine = if t.machine.leading_colon.is_some() {
-        format!("::{machine}")
-    } else {
-        machine
-    };
+    let machine = path_text(&t.machine);
     let (from, to) = (t.from.value(), t.to.value());
     let n = t.key.names.len();
     let key = t.key.shown();
@@ -466,4 +547,19 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         ));
     }
     doc
+}
+
+/// A path as written (`Order`, `crate::orders::Order`, `::orders::Order`), for docs.
+fn path_text(path: &syn::Path) -> String {
+    let text = path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::");
+    if path.leading_colon.is_some() {
+        format!("::{text}")
+    } else {
+        text
+    }
 }

@@ -116,6 +116,8 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         classify: "",
         store_result: "",
         create_results_table: "",
+        create: "",
+        classify_created: "",
         enforce: "",
     });
     let name = ident.to_string();
@@ -148,6 +150,8 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
         classify,
         store_result,
         create_results_table,
+        create,
+        classify_created,
     } = s;
     quote! {
         ::idem::Statements {
@@ -163,6 +167,8 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
             classify: #classify,
             store_result: #store_result,
             create_results_table: #create_results_table,
+            create: #create,
+            classify_created: #classify_created,
             enforce: #enforce,
         }
     }
@@ -242,6 +248,11 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
          # Both\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
          The results table (PostgreSQL):\n\n```sql\n{create}\n```\n\n\
+         # Creating a row\n\n\
+         A handler with `create = \"…\"` inserts the row in an initial state, atomically, \
+         under its key (the columns of its `set(…)` join the INSERT):\n\n```sql\n{insert}\n```\n\n\
+         When the key exists, this read tells a duplicate (same values) from a conflict:\n\n\
+         ```sql\n{classify_created}\n```\n\n\
          # The database enforcing the machine\n\n\
          Optional: [`idem::enforce`] installs (or a migration of yours runs) a CHECK of the \
          declared states and a trigger refusing an UPDATE of `{state}` along no declared \
@@ -265,6 +276,8 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
         classify = sqlite.classify,
         store = postgres.store_result,
         create = postgres.create_results_table,
+        insert = postgres.create,
+        classify_created = postgres.classify_created,
         enforce = enforce,
     )
 }

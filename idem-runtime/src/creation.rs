@@ -1,0 +1,256 @@
+//! Idempotent creation: a handler with `create = "STATE"` makes the row itself, under a
+//! business key the client supplies (`out_trade_no`, `request_id`), as the machine's entry
+//! into an initial state. One atomic `INSERT … ON CONFLICT (key) DO NOTHING`, never
+//! check-then-insert; when the key exists, one read tells a duplicate (the same values:
+//! the first result replayed) from a conflict (other values: the first row stays, this
+//! call is refused).
+
+use crate::backend::{Backend, Param};
+use crate::column::{ColumnProblem, ColumnValue, SetColumns};
+use crate::engine::{CallKey, Moved, Params, Setting, key_params, replay};
+use crate::error::{Error, RowProblem};
+use crate::fault::{FaultPoint, reached};
+use crate::glue::{Codec, MachineRef};
+use crate::key::{Key, KeyError};
+use crate::observe::Labels;
+use crate::work::{Entered, Plan, Staged};
+use std::convert::Infallible;
+
+/// What a creation did. `S` is the machine's state enum.
+///
+/// | variant | meaning | what the caller usually does |
+/// |---|---|---|
+/// | [`Created`](Creation::Created) | this call inserted the row, ran the body, and committed | 201 |
+/// | [`Duplicate`](Creation::Duplicate) | a row has the key, with this call's values: the same request again | replay the first result (200) |
+/// | [`Conflict`](Creation::Conflict) | a row has the key, with other values: another request under the same key | refuse it (422); the first row stays |
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a creation tells a retry from a conflict; match on it"]
+pub enum Creation<T, S> {
+    /// This call created the row; the body's result, committed with it.
+    Created(T),
+    /// The row exists with the values this call would have written: a retry of the
+    /// creation.
+    Duplicate {
+        /// The row's state now (the workflow may have moved on since).
+        current: S,
+        /// The first creation's result, replayed; `None` when it stored none (a `null`
+        /// result, or a row made outside idem).
+        first_result: Option<T>,
+    },
+    /// The key is taken by a row with other values: the first stays, nothing was
+    /// written by this call.
+    Conflict {
+        /// The row's state now.
+        current: S,
+    },
+}
+
+impl<T, S> Creation<T, S> {
+    /// `true` only if this call created the row.
+    pub fn is_created(&self) -> bool {
+        matches!(self, Creation::Created(_))
+    }
+
+    /// `true` for [`Created`](Creation::Created) and [`Duplicate`](Creation::Duplicate):
+    /// the row this call asked for exists.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Creation::Created(_) | Creation::Duplicate { .. })
+    }
+
+    /// The creation's result: this call's, or the replayed first one.
+    pub fn result(&self) -> Option<&T> {
+        match self {
+            Creation::Created(result) => Some(result),
+            Creation::Duplicate { first_result, .. } => first_result.as_ref(),
+            Creation::Conflict { .. } => None,
+        }
+    }
+
+    /// The variant's name, for logs and metrics: `created`, `duplicate`, `conflict`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Creation::Created(_) => "created",
+            Creation::Duplicate { .. } => "duplicate",
+            Creation::Conflict { .. } => "conflict",
+        }
+    }
+}
+
+/// `params`, then the values of the columns the handler sets.
+fn with_values<'a>(mut params: Params<'a>, values: &'a [ColumnValue]) -> Params<'a> {
+    for value in values {
+        params.push(Param::Column(value));
+    }
+    params
+}
+
+/// How many times a key that vanished between the INSERT and the read is tried again.
+const VANISHED_ATTEMPTS: usize = 3;
+
+/// The plan of a creation handler (generated code only).
+pub struct CreationPlan<T, M> {
+    machine: MachineRef<M>,
+    codec: Codec<T>,
+    state: &'static str,
+    key: Result<Key, KeyError>,
+    key_text: String,
+    set: Option<Setting>,
+}
+
+impl<T, M> CreationPlan<T, M> {
+    /// Creates the row `key` of `machine` in `state` (an initial state, checked at compile
+    /// time).
+    pub fn new(machine: MachineRef<M>, codec: Codec<T>, state: usize, key: CallKey) -> Self {
+        let key = key.into_inner();
+        let key_text = key.as_ref().map(Key::to_text).unwrap_or_default();
+        CreationPlan {
+            state: machine
+                .definition
+                .states
+                .get(state)
+                .copied()
+                .unwrap_or_default(),
+            machine,
+            codec,
+            key,
+            key_text,
+            set: None,
+        }
+    }
+
+    /// The plan that also writes `columns` (one value per bound column, in order).
+    pub fn set(
+        mut self,
+        columns: &'static SetColumns,
+        values: Vec<Result<ColumnValue, ColumnProblem>>,
+    ) -> Self {
+        self.set = Some(Setting::new(columns, values));
+        self
+    }
+
+    fn corrupt(&self, problem: RowProblem) -> Error<Infallible> {
+        let definition = self.machine.definition;
+        Error::CorruptRow {
+            machine: definition.name,
+            table: definition.table,
+            key: self.key_text.clone(),
+            problem,
+        }
+    }
+}
+
+impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
+    type Value = T;
+    type Reply = Creation<T, M>;
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        let key = self
+            .key
+            .as_ref()
+            .map_err(|e| Error::InvalidKey(e.clone()))?;
+        let columns = self.machine.definition.key_columns.len();
+        let parts = key.parts().len();
+        if parts != columns {
+            return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
+        }
+        if let Some(set) = &self.set {
+            set.check()?;
+        }
+        Ok(())
+    }
+
+    async fn enter(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
+        let key = self
+            .key
+            .as_ref()
+            .map_err(|e| Error::InvalidKey(e.clone()))?;
+        let definition = self.machine.definition;
+        let dialect = DB::dialect(conn);
+        let (create, classify, values): (&str, &str, &[ColumnValue]) = match &self.set {
+            Some(setting) => {
+                let sql = setting.columns.statements(dialect, definition);
+                (&sql.create, &sql.classify_created, setting.check()?)
+            }
+            None => {
+                let sql = dialect.statements(definition);
+                (sql.create, sql.classify_created, &[])
+            }
+        };
+        for _ in 0..VANISHED_ATTEMPTS {
+            let mut insert = Params::default();
+            key_params(key, &mut insert);
+            insert.push(Param::State(self.state));
+            if DB::execute(conn, create, &with_values(insert, values)).await? == 1 {
+                reached(FaultPoint::Transitioned);
+                let moved =
+                    Moved::new(definition, ("", self.state), dialect, self.key_text.clone());
+                return Ok(Entered::Run(Staged {
+                    moved: Some(moved),
+                    recorded: None,
+                }));
+            }
+            // The key is taken: by this very creation before, or by another.
+            let mut read = Params::default();
+            key_params(key, &mut read);
+            for param in [
+                Param::Text(""),
+                Param::State(self.state),
+                Param::Text(definition.id),
+                Param::Text(&self.key_text),
+            ] {
+                read.push(param);
+            }
+            let mut row = DB::fetch(conn, classify, &with_values(read, values))
+                .await?
+                .unwrap_or_default();
+            if row.int("found").is_none_or(|n| n == 0) {
+                // Deleted between the INSERT and the read: insert again.
+                continue;
+            }
+            let Some(state) = row.take_text("current_state") else {
+                return Err(self.corrupt(RowProblem::NullState));
+            };
+            let Some(current) = definition.state_index(&state) else {
+                return Err(self.corrupt(RowProblem::UnknownState(state)));
+            };
+            let current = (self.machine.from_index)(current);
+            let reply = if row.int("same_content") == Some(1) {
+                Creation::Duplicate {
+                    current,
+                    first_result: replay(self.codec, row.take_text("first_result"))?,
+                }
+            } else {
+                Creation::Conflict { current }
+            };
+            return Ok(Entered::Done {
+                reply,
+                commit: false,
+            });
+        }
+        Err(self.corrupt(RowProblem::Unstable))
+    }
+
+    fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
+        (self.codec.encode)(value).map_err(Error::Result)
+    }
+
+    fn applied(&self, value: T) -> Creation<T, M> {
+        Creation::Created(value)
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            machine: Some(self.machine.definition.id),
+            transition: Some(("", self.state)),
+            group: None,
+            key: self.key.is_ok().then_some(self.key_text.as_str()),
+        }
+    }
+
+    fn outcome_name(reply: &Creation<T, M>) -> &'static str {
+        reply.name()
+    }
+}
