@@ -7,11 +7,13 @@
 //! (failures kept in `tests/event_streams.regressions`).
 
 mod common;
+#[path = "common/harness.rs"]
+mod harness;
 
+use harness::{Harness, config, harness};
 use idem::testing::assert_applied_once;
 use idem::{Error, Outcome, StateMachine};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 use std::sync::OnceLock;
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,21 +381,6 @@ macro_rules! model_run {
 model_run!(run_sqlite, on_sqlite, sqlx::SqlitePool);
 model_run!(run_postgres, on_postgres, sqlx::PgPool);
 
-/// A runtime and a pool, made once for all the cases of a test.
-struct Harness<P> {
-    runtime: tokio::runtime::Runtime,
-    pool: P,
-}
-
-fn harness<P>(make: impl AsyncFnOnce() -> P) -> Harness<P> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let pool = runtime.block_on(make());
-    Harness { runtime, pool }
-}
-
 async fn with_tables<P>(pool: P) -> P
 where
     for<'c> &'c P: sqlx::Executor<'c>,
@@ -429,18 +416,6 @@ fn postgres() -> Option<&'static Harness<sqlx::PgPool>> {
             }))
         })
         .as_ref()
-}
-
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(48);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
-        ..ProptestConfig::default()
-    }
 }
 
 proptest! {

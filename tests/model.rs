@@ -20,11 +20,13 @@
 //! how many schedules run (48 by default).
 
 mod common;
+#[path = "common/harness.rs"]
+mod harness;
 
+use harness::{Harness, config, harness};
 use idem::StateMachine;
 use idem::fault::FaultPoint;
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Once, OnceLock};
@@ -643,22 +645,6 @@ macro_rules! backend {
 backend!(on_sqlite, sqlx::Sqlite);
 backend!(on_postgres, sqlx::Postgres);
 
-/// A runtime and a pool, made once for all the cases of a test.
-struct Harness<P> {
-    runtime: tokio::runtime::Runtime,
-    pool: P,
-}
-
-fn harness<P>(make: impl AsyncFnOnce() -> P) -> Harness<P> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let pool = runtime.block_on(make());
-    Harness { runtime, pool }
-}
-
 fn sqlite() -> &'static Harness<sqlx::SqlitePool> {
     static HARNESS: OnceLock<Harness<sqlx::SqlitePool>> = OnceLock::new();
     HARNESS.get_or_init(|| {
@@ -682,18 +668,6 @@ fn postgres() -> Option<&'static Harness<sqlx::PgPool>> {
             }))
         })
         .as_ref()
-}
-
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(48);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
-        ..ProptestConfig::default()
-    }
 }
 
 proptest! {

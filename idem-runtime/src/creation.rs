@@ -7,7 +7,7 @@
 
 use crate::backend::{Backend, Param};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
-use crate::engine::{CallKey, Moved, Params, Setting, key_params, replay};
+use crate::engine::{CallKey, Moved, Params, Setting, checked_key, key_params, replay};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef};
@@ -144,15 +144,7 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
     type Reply = Creation<T, M>;
 
     fn check(&self) -> Result<(), Error<Infallible>> {
-        let key = self
-            .key
-            .as_ref()
-            .map_err(|e| Error::InvalidKey(e.clone()))?;
-        let columns = self.machine.definition.key_columns.len();
-        let parts = key.parts().len();
-        if parts != columns {
-            return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
-        }
+        checked_key(&self.key, self.machine.definition)?;
         if let Some(set) = &self.set {
             set.check()?;
         }
@@ -163,11 +155,8 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
         &self,
         conn: &mut DB::Connection,
     ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
-        let key = self
-            .key
-            .as_ref()
-            .map_err(|e| Error::InvalidKey(e.clone()))?;
         let definition = self.machine.definition;
+        let key = checked_key(&self.key, definition)?;
         let dialect = DB::dialect(conn);
         let (create, classify, values): (&str, &str, &[ColumnValue]) = match &self.set {
             Some(setting) => {

@@ -119,6 +119,20 @@ impl Setting {
     }
 }
 
+/// The call's key, if it is one for `definition`'s key columns.
+pub(crate) fn checked_key<'k>(
+    key: &'k Result<Key, KeyError>,
+    definition: &Definition,
+) -> Result<&'k Key, Error<Infallible>> {
+    let key = key.as_ref().map_err(|e| Error::InvalidKey(e.clone()))?;
+    let columns = definition.key_columns.len();
+    let parts = key.parts().len();
+    if parts != columns {
+        return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
+    }
+    Ok(key)
+}
+
 /// Why the transition stage did not move its row.
 pub(crate) enum NotMoved<M> {
     /// A duplicate; the stored first result, if any (JSON).
@@ -134,6 +148,35 @@ pub(crate) enum NotMoved<M> {
         version: i64,
         event: i64,
     },
+}
+
+impl<M> NotMoved<M> {
+    /// The outcome of a transition handler that did not move its row, the first result
+    /// decoded.
+    pub(crate) fn into_outcome<T>(
+        self,
+        codec: Codec<T>,
+    ) -> Result<Outcome<T, M>, Error<Infallible>> {
+        Ok(match self {
+            NotMoved::AlreadyDone {
+                current,
+                first_result,
+            } => Outcome::AlreadyDone {
+                current,
+                first_result: replay(codec, first_result)?,
+            },
+            NotMoved::Refused(refusal) => refusal.into_outcome(),
+            NotMoved::Superseded {
+                current,
+                version,
+                event,
+            } => Outcome::Superseded {
+                current,
+                version,
+                event,
+            },
+        })
+    }
 }
 
 impl<M> TransitionStage<M> {
@@ -190,15 +233,7 @@ impl<M> TransitionStage<M> {
     }
 
     pub(crate) fn check(&self) -> Result<(), Error<Infallible>> {
-        let key = self
-            .key
-            .as_ref()
-            .map_err(|e| Error::InvalidKey(e.clone()))?;
-        let columns = self.transition.definition.key_columns.len();
-        let parts = key.parts().len();
-        if parts != columns {
-            return Err(Error::InvalidKey(KeyError::WrongArity { columns, parts }));
-        }
+        checked_key(&self.key, self.transition.definition)?;
         if let Some(Err(value)) = &self.watermark {
             return Err(Error::InvalidWatermark {
                 value: value.clone(),
@@ -356,30 +391,8 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
                 moved: Some(moved),
                 recorded: None,
             }),
-            Err(NotMoved::AlreadyDone {
-                current,
-                first_result,
-            }) => Entered::Done {
-                reply: Outcome::AlreadyDone {
-                    current,
-                    first_result: replay(self.codec, first_result)?,
-                },
-                commit: false,
-            },
-            Err(NotMoved::Refused(refusal)) => Entered::Done {
-                reply: refusal.into_outcome(),
-                commit: false,
-            },
-            Err(NotMoved::Superseded {
-                current,
-                version,
-                event,
-            }) => Entered::Done {
-                reply: Outcome::Superseded {
-                    current,
-                    version,
-                    event,
-                },
+            Err(not_moved) => Entered::Done {
+                reply: not_moved.into_outcome(self.codec)?,
                 commit: false,
             },
         })
@@ -662,23 +675,11 @@ async fn attempt<DB: Backend>(
     if let Some(json) = call.storing {
         // PostgreSQL only (see `enter_storing`): the result rides in the statement.
         let params = call.update_params(&[from, to, machine, key_text, Param::Text(json)]);
-        let record = DB::fetch(conn, updates.storing(call.guard), &params)
-            .await?
-            .unwrap_or_default();
-        return Ok(record
-            .int("applied_version")
-            .is_none()
-            .then(|| observed(record)));
+        return classified::<DB>(conn, updates.storing(call.guard), &params).await;
     }
     if inline && call.dialect == Dialect::Postgres {
         let params = call.update_params(&[from, to, machine, key_text]);
-        let record = DB::fetch(conn, updates.transition(call.guard), &params)
-            .await?
-            .unwrap_or_default();
-        return Ok(record
-            .int("applied_version")
-            .is_none()
-            .then(|| observed(record)));
+        return classified::<DB>(conn, updates.transition(call.guard), &params).await;
     }
     let params = call.update_params(&[from, to]);
     let updated = DB::execute(conn, updates.update(call.guard), &params).await?;
@@ -688,6 +689,20 @@ async fn attempt<DB: Backend>(
     let params = call.params(&[from, to, machine, key_text]);
     let columns = DB::fetch(conn, sql.classify, &params).await?;
     Ok(Some(observed(columns.unwrap_or_default())))
+}
+
+/// Runs one of PostgreSQL's statements that attempt the transition and classify a miss:
+/// `None` if it moved the row, else what the row looks like.
+async fn classified<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<Observed>, sqlx::Error> {
+    let record = DB::fetch(conn, sql, params).await?.unwrap_or_default();
+    Ok(record
+        .int("applied_version")
+        .is_none()
+        .then(|| observed(record)))
 }
 
 fn observed(mut record: Record) -> Observed {

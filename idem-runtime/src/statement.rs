@@ -9,7 +9,7 @@
 //! Inside a caller's transaction it is a savepoint, as for every handler.
 
 use crate::backend::{Backend, Dialect};
-use crate::engine::{NotMoved, TransitionPlan, replay};
+use crate::engine::TransitionPlan;
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::observe::Labels;
@@ -94,30 +94,8 @@ impl<DB: Backend, T, M: Send> Plan<DB> for StatementPlan<'_, T, M> {
                     commit: true,
                 }
             }
-            Err(NotMoved::AlreadyDone {
-                current,
-                first_result,
-            }) => Entered::Done {
-                reply: Moved::No(Outcome::AlreadyDone {
-                    current,
-                    first_result: replay(self.plan.codec(), first_result)?,
-                }),
-                commit: false,
-            },
-            Err(NotMoved::Refused(refusal)) => Entered::Done {
-                reply: Moved::No(refusal.into_outcome()),
-                commit: false,
-            },
-            Err(NotMoved::Superseded {
-                current,
-                version,
-                event,
-            }) => Entered::Done {
-                reply: Moved::No(Outcome::Superseded {
-                    current,
-                    version,
-                    event,
-                }),
+            Err(not_moved) => Entered::Done {
+                reply: Moved::No(not_moved.into_outcome(self.plan.codec())?),
                 commit: false,
             },
         })

@@ -267,27 +267,15 @@ impl Quoted {
     /// nothing more (no extra index scans, and no predicate locks under SERIALIZABLE that
     /// would make concurrent transitions of other keys conflict).
     fn postgres_transition(&self, guard: &Guard) -> String {
-        let version = &self.version;
         format!(
             "WITH upd AS (\n\
              {update}\n\
              RETURNING {version}\n\
              )\n\
-             SELECT CAST({version} AS BIGINT) AS applied_version,\n\
-             \x20      CAST(1 AS BIGINT) AS found,\n\
-             \x20      CAST(NULL AS TEXT) AS current_state,\n\
-             \x20      CAST(NULL AS BIGINT) AS current_version,\n\
-             \x20      CAST(NULL AS TEXT) AS first_result\n\
-             FROM upd\n\
-             UNION ALL\n\
-             SELECT NULL,\n\
-             \x20      {observed}\n\
-             FROM (SELECT 1) AS one\n\
-             {joins}\n\
-             WHERE NOT EXISTS (SELECT FROM upd)",
+             {classified}",
             update = self.update(guard, 4),
-            observed = self.observed_columns(),
-            joins = self.current_row_and_result(),
+            version = self.version,
+            classified = self.classified(),
         )
     }
 
@@ -295,7 +283,6 @@ impl Quoted {
     /// the first result (`$k+5`), by a second data-modifying CTE that reads the UPDATE's
     /// row: one statement, so one autocommit round trip, moves the row and keeps its result.
     fn postgres_transition_storing(&self, guard: &Guard) -> String {
-        let version = &self.version;
         format!(
             "WITH upd AS (\n\
              {update}\n\
@@ -306,7 +293,26 @@ impl Quoted {
              ON CONFLICT (machine, entity_key, from_state, to_state)\n\
              DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP\n\
              )\n\
-             SELECT CAST({version} AS BIGINT) AS applied_version,\n\
+             {classified}",
+            update = self.update(guard, 5),
+            version = self.version,
+            results = self.results,
+            from = self.after_key(1),
+            to = self.after_key(2),
+            machine = self.after_key(3),
+            text = self.after_key(4),
+            result = self.after_key(5),
+            classified = self.classified(),
+        )
+    }
+
+    /// The rest of PostgreSQL's transition statements, after the CTE `upd` of the UPDATE:
+    /// the applied version from `upd`, or, only when it matched no row, the classifying
+    /// read.
+    fn classified(&self) -> String {
+        let version = &self.version;
+        format!(
+            "SELECT CAST({version} AS BIGINT) AS applied_version,\n\
              \x20      CAST(1 AS BIGINT) AS found,\n\
              \x20      CAST(NULL AS TEXT) AS current_state,\n\
              \x20      CAST(NULL AS BIGINT) AS current_version,\n\
@@ -318,13 +324,6 @@ impl Quoted {
              FROM (SELECT 1) AS one\n\
              {joins}\n\
              WHERE NOT EXISTS (SELECT FROM upd)",
-            update = self.update(guard, 5),
-            results = self.results,
-            from = self.after_key(1),
-            to = self.after_key(2),
-            machine = self.after_key(3),
-            text = self.after_key(4),
-            result = self.after_key(5),
             observed = self.observed_columns(),
             joins = self.current_row_and_result(),
         )
