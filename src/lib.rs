@@ -81,6 +81,21 @@
 //! On PostgreSQL, while most recent calls of a transition miss (duplicates), one statement
 //! does both (see [`Classification`]). The exact text is on the machine's
 //! [`Definition::sql`] and in the rustdoc the derive writes on the enum.
+//!
+//! ## More than a state column
+//!
+//! - `set(paid_at = now(), amount = "amount_cents")` sets columns in the same conditional
+//!   UPDATE, from parameters ([`ToColumn`]) and the database's clock.
+//! - A handler whose first parameter is a pool (`pool: &PgPool`) takes no transaction: its
+//!   body runs first, and the transition and its stored result are one autocommit
+//!   statement on PostgreSQL.
+//! - `watermark = "event"` applies an event stream: `WHERE version < $event`,
+//!   `SET version = $event`; an older event is [`Outcome::Superseded`].
+//! - `create = "CREATED"` creates the row under the client's key with one atomic insert:
+//!   [`Creation`] tells a retry (`Duplicate`, the first result replayed) from another
+//!   request under the same key (`Conflict`).
+//!
+//! The README shows each, with its SQL.
 
 #![warn(missing_docs)]
 

@@ -8,7 +8,7 @@
 mod common;
 
 use idem::testing::assert_applied_once;
-use idem::{Creation, Error, KeyError, Outcome, StateMachine};
+use idem::{Creation, Error, KeyError, Outcome, RowProblem, StateMachine};
 use serde::{Deserialize, Serialize};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +152,25 @@ macro_rules! creation_tests {
                 assert!(rows(&pool).await.is_empty());
                 assert_eq!(effects(&pool).await, 0);
                 assert!(create_order(&pool, "T-4", 5, None).await.unwrap().is_created());
+            }
+
+            /// A row whose state was written by hand and is not declared: an error naming
+            /// it, and the row stays as it is.
+            #[tokio::test]
+            async fn a_row_in_an_undeclared_state_is_an_error_not_a_guess() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("INSERT INTO pay_orders (out_trade_no, status, amount) VALUES ('T-8', 'HACKED', 5)")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                match create_order(&pool, "T-8", 5, None).await {
+                    Err(Error::CorruptRow { problem: RowProblem::UnknownState(state), key, .. }) => {
+                        assert_eq!((state.as_str(), key.as_str()), ("HACKED", "T-8"));
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(rows(&pool).await, [("T-8".into(), "HACKED".into(), 0, 5)]);
+                assert_eq!(effects(&pool).await, 0);
             }
 
             #[tokio::test]

@@ -90,6 +90,8 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// | `from = "STATE"` | the state the row must be in |
 /// | `to = "STATE"` | the state it moves to; `from → to` must be declared |
 /// | `version = "param"` | optional: a parameter (`i64` or `Option<i64>`) with the version the caller read; the transition then also requires `version = $n` |
+/// | `watermark = "param"` | optional, instead of `version`: a parameter (any integer type) with the version an event of a stream carries; the transition requires `version < $n` and sets `version = $n`, an older event is `Outcome::Superseded`, the same one again `AlreadyDone` with its own first result; `from == to` is then allowed (an event that keeps the state) |
+/// | `create = "STATE"` | instead of `from`, `to`, `version`, `watermark`: the handler creates the row in the initial state `STATE` under its key, with one `INSERT … ON CONFLICT (key) DO NOTHING`, and returns `idem::Creation` (`Created`, `Duplicate` with the first result, `Conflict` for the same key with other `set(…)` values) |
 /// | `set(column = "param", column = now(), column, …)` | optional: columns the same UPDATE also sets, from a parameter (any `idem::ToColumn`: integers, floats, `bool`, text, bytes, `uuid::Uuid`, an `Option` of one for NULL), from the database's clock (`CURRENT_TIMESTAMP`), or, written alone, from the parameter of the column's name. Not the key, state or version column |
 ///
 /// ```
@@ -111,8 +113,11 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// ```
 ///
 /// The first parameter must be the transaction, `&mut sqlx::Transaction<'_, DB>` with `DB`
-/// one of `Sqlite`, `Postgres`, `Any`; the function must be `async` and return
-/// `Result<T, E>` with `T: Serialize + DeserializeOwned` (the stored first result).
+/// one of `Sqlite`, `Postgres`, `Any`, or a pool, `&sqlx::Pool<DB>` (`&PgPool`, or any
+/// alias of one): then the handler takes no transaction, its body runs first (it must not
+/// need the database), and the transition and its stored result are one statement on
+/// PostgreSQL. The function must be `async` and return `Result<T, E>` with
+/// `T: Serialize + DeserializeOwned` (the stored first result).
 ///
 /// The generated function keeps the name, attributes, visibility and other parameters. Its
 /// transaction parameter becomes `&sqlx::Pool<DB>` and its return type

@@ -13,7 +13,7 @@
 //! | `idem.transition` | `FROM->TO` |
 //! | `messaging.consumer.group.name` | the inbox's consumer group |
 //! | `idem.key` | the business or message key — only after [`set_trace_keys(true)`](set_trace_keys): keys may be personal data |
-//! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`, `superseded`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; for a leased claim `claimed`, for its completion `processed`, `failed`, `dead`; `error` |
+//! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`, `superseded`; for a creation `created`, `duplicate`, `conflict`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; for a leased claim `claimed`, for its completion `processed`, `failed`, `dead`; `error` |
 //! | `idem.retries` | conflicts lost before the body and retried |
 //! | `error.type` | for `error`: `handler`, `database`, `contention`, `invalid_key`, `invalid_column`, `invalid_watermark`, `corrupt_row`, `corrupt_record`, `lease_lost`, `result_too_large`, `result` |
 //!
