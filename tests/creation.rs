@@ -66,6 +66,20 @@ macro_rules! creation_tests {
                 Ok(Receipt { order: out_trade_no.to_owned(), amount })
             }
 
+            /// The same creation without a transaction: the body decides the receipt
+            /// first, then one statement (PostgreSQL) creates the row and stores it.
+            #[idem::idempotent(
+                machine = PayOrder, key = "out_trade_no", create = "CREATED",
+                set(amount, created_at = now())
+            )]
+            async fn open_order(
+                pool: &sqlx::Pool<$db>,
+                out_trade_no: &str,
+                amount: i64,
+            ) -> Result<Receipt, std::convert::Infallible> {
+                Ok(Receipt { order: out_trade_no.to_owned(), amount })
+            }
+
             #[idem::idempotent(machine = PayOrder, key = "out_trade_no", from = "CREATED", to = "PAID")]
             async fn pay(tx: &mut Transaction<'_, $db>, out_trade_no: &str) -> Result<(), sqlx::Error> {
                 let _ = tx;
@@ -202,6 +216,28 @@ macro_rules! creation_tests {
                 assert_eq!((seen.result, seen.replays), (receipt("T-6", 42), 31));
                 assert_eq!(rows(&pool).await, [("T-6".into(), "CREATED".into(), 0, 42)]);
                 assert_eq!(effects(&pool).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_one_statement_form_creates_once_and_tells_a_conflict() {
+                let Some(pool) = setup().await else { return };
+                let seen = assert_applied_once(32, || {
+                    let pool = pool.clone();
+                    async move { open_order(&pool, "S-1", 30).await }
+                })
+                .await;
+                assert_eq!((seen.result, seen.replays), (receipt("S-1", 30), 31));
+                assert_eq!(
+                    open_order(&pool, "S-1", 31).await.unwrap(),
+                    Creation::Conflict { current: PayOrder::Created }
+                );
+                assert_eq!(rows(&pool).await, [("S-1".into(), "CREATED".into(), 0, 30)]);
+                // Inside the caller's transaction, rolled back: nothing.
+                let mut tx = pool.begin_with($begin).await.unwrap();
+                assert!(open_order(&mut tx, "S-2", 5).await.unwrap().is_created());
+                tx.rollback().await.unwrap();
+                assert_eq!(rows(&pool).await.len(), 1);
+                assert!(open_order(&pool, "S-2", 5).await.unwrap().is_created());
             }
 
             /// Two different requests racing for one key: one is created, its copies are

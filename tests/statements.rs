@@ -59,6 +59,15 @@ macro_rules! statement_handlers {
         }
     };
 }
+/// A creation without a transaction (PostgreSQL: one statement creates and stores).
+#[idem::idempotent(machine = Order, key = "order_id", create = "CREATED")]
+async fn open_postgres(
+    pool: &sqlx::PgPool,
+    order_id: i64,
+) -> Result<i64, std::convert::Infallible> {
+    Ok(order_id)
+}
+
 statement_handlers!(pay_stored_sqlite, pay_nothing_sqlite, sqlx::Sqlite);
 statement_handlers!(pay_stored_postgres, pay_nothing_postgres, sqlx::Postgres);
 
@@ -301,6 +310,16 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     assert!(!pay_nothing_postgres(&pool, 203).await.unwrap().is_applied());
     assert_eq!(take_log(), [sql.postgres.update, sql.postgres.classify]);
     idem::set_postgres_classification(idem::Classification::Adaptive);
+    assert!(open_postgres(&pool, 301).await.unwrap().is_created());
+    assert_eq!(take_log(), [sql.postgres.create_storing]);
+    assert!(matches!(
+        open_postgres(&pool, 301).await.unwrap(),
+        idem::Creation::Duplicate {
+            first_result: Some(301),
+            ..
+        }
+    ));
+    assert_eq!(take_log(), [sql.postgres.create_storing]);
 
     // On SQLite: nothing to store, the UPDATE alone in autocommit; a result to store, one
     // transaction with its INSERT.

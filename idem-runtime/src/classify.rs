@@ -139,6 +139,7 @@ mod tests {
         create_results_table: "",
         create: "",
         classify_created: "",
+        create_storing: "",
         enforce: "",
     };
 

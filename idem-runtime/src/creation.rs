@@ -5,7 +5,7 @@
 //! the first result replayed) from a conflict (other values: the first row stays, this
 //! call is refused).
 
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Dialect, Param, Record};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::engine::{CallKey, Moved, Params, Setting, checked_key, key_params, replay};
 use crate::error::{Error, RowProblem};
@@ -13,6 +13,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef};
 use crate::key::{Key, KeyError};
 use crate::observe::Labels;
+use crate::statement::Storing;
 use crate::work::{Entered, Plan, Staged};
 use std::convert::Infallible;
 
@@ -139,6 +140,142 @@ impl<T, M> CreationPlan<T, M> {
     }
 }
 
+/// What a creation's statements did.
+enum Created<T, M> {
+    /// The row is inserted (with its result, if the statement stored one).
+    Inserted(Moved),
+    /// The key was taken: the reply.
+    Taken(Creation<T, M>),
+}
+
+impl<T, M> CreationPlan<T, M> {
+    /// Inserts the row, or answers for the row that has the key. With `storing` (the
+    /// result, known already) on PostgreSQL, one statement inserts the row and stores it.
+    async fn create<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        storing: Option<&str>,
+    ) -> Result<Created<T, M>, Error<Infallible>> {
+        let definition = self.machine.definition;
+        let key = checked_key(&self.key, definition)?;
+        let dialect = DB::dialect(conn);
+        let storing = storing.filter(|_| dialect == Dialect::Postgres);
+        let (create, classify, create_storing, values): (&str, &str, &str, &[ColumnValue]) =
+            match &self.set {
+                Some(setting) => {
+                    let sql = setting.columns.statements(dialect, definition);
+                    let values = setting.check()?;
+                    (
+                        &sql.create,
+                        &sql.classify_created,
+                        &sql.create_storing,
+                        values,
+                    )
+                }
+                None => {
+                    let sql = dialect.statements(definition);
+                    (sql.create, sql.classify_created, sql.create_storing, &[])
+                }
+            };
+        // The parameters of the classifying read, which PostgreSQL's storing statement
+        // shares: the key, the empty `from`, the state, the machine, the key as text.
+        let read = || {
+            let mut read = Params::default();
+            key_params(key, &mut read);
+            for param in [
+                Param::Text(""),
+                Param::State(self.state),
+                Param::Text(definition.id),
+                Param::Text(&self.key_text),
+            ] {
+                read.push(param);
+            }
+            read
+        };
+        for _ in 0..VANISHED_ATTEMPTS {
+            let mut moved =
+                Moved::new(definition, ("", self.state), dialect, self.key_text.clone());
+            let row = match storing {
+                Some(json) => {
+                    let mut params = read();
+                    params.push(Param::Text(json));
+                    let row = DB::fetch(conn, create_storing, &with_values(params, values))
+                        .await?
+                        .unwrap_or_default();
+                    if row.int("applied_version").is_some() {
+                        reached(FaultPoint::Transitioned);
+                        moved.stored = true;
+                        return Ok(Created::Inserted(moved));
+                    }
+                    row
+                }
+                None => {
+                    let mut insert = Params::default();
+                    key_params(key, &mut insert);
+                    insert.push(Param::State(self.state));
+                    if DB::execute(conn, create, &with_values(insert, values)).await? == 1 {
+                        reached(FaultPoint::Transitioned);
+                        return Ok(Created::Inserted(moved));
+                    }
+                    // The key is taken: by this very creation before, or by another.
+                    DB::fetch(conn, classify, &with_values(read(), values))
+                        .await?
+                        .unwrap_or_default()
+                }
+            };
+            if let Some(reply) = self.answer(row)? {
+                return Ok(Created::Taken(reply));
+            }
+            // Deleted between the INSERT and the read (or, on PostgreSQL, committed after
+            // the storing statement's snapshot): insert again.
+        }
+        Err(self.corrupt(RowProblem::Unstable))
+    }
+
+    /// The reply for the row that has the key: a duplicate or a conflict; `None` if the
+    /// read found no row.
+    fn answer(&self, mut row: Record) -> Result<Option<Creation<T, M>>, Error<Infallible>> {
+        if row.int("found").is_none_or(|n| n == 0) {
+            return Ok(None);
+        }
+        let definition = self.machine.definition;
+        let Some(state) = row.take_text("current_state") else {
+            return Err(self.corrupt(RowProblem::NullState));
+        };
+        let Some(current) = definition.state_index(&state) else {
+            return Err(self.corrupt(RowProblem::UnknownState(state)));
+        };
+        let current = (self.machine.from_index)(current);
+        Ok(Some(if row.int("same_content") == Some(1) {
+            Creation::Duplicate {
+                current,
+                first_result: replay(self.codec, row.take_text("first_result"))?,
+            }
+        } else {
+            Creation::Conflict { current }
+        }))
+    }
+}
+
+impl<DB: Backend, T, M> Storing<DB> for CreationPlan<T, M> {
+    const APPLIED: &'static str = "created";
+
+    async fn enter_storing(
+        &self,
+        conn: &mut DB::Connection,
+        result: Option<&str>,
+    ) -> Result<Option<Creation<T, M>>, Error<Infallible>> {
+        let moved = match self.create::<DB>(conn, result).await? {
+            Created::Inserted(moved) => moved,
+            Created::Taken(reply) => return Ok(Some(reply)),
+        };
+        if let (Some(json), false) = (result, moved.stored) {
+            moved.store::<DB>(conn, json).await?;
+        }
+        Ok(None)
+    }
+}
+
 impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
     type Value = T;
     type Reply = Creation<T, M>;
@@ -155,71 +292,16 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
         &self,
         conn: &mut DB::Connection,
     ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
-        let definition = self.machine.definition;
-        let key = checked_key(&self.key, definition)?;
-        let dialect = DB::dialect(conn);
-        let (create, classify, values): (&str, &str, &[ColumnValue]) = match &self.set {
-            Some(setting) => {
-                let sql = setting.columns.statements(dialect, definition);
-                (&sql.create, &sql.classify_created, setting.check()?)
-            }
-            None => {
-                let sql = dialect.statements(definition);
-                (sql.create, sql.classify_created, &[])
-            }
-        };
-        for _ in 0..VANISHED_ATTEMPTS {
-            let mut insert = Params::default();
-            key_params(key, &mut insert);
-            insert.push(Param::State(self.state));
-            if DB::execute(conn, create, &with_values(insert, values)).await? == 1 {
-                reached(FaultPoint::Transitioned);
-                let moved =
-                    Moved::new(definition, ("", self.state), dialect, self.key_text.clone());
-                return Ok(Entered::Run(Staged {
-                    moved: Some(moved),
-                    recorded: None,
-                }));
-            }
-            // The key is taken: by this very creation before, or by another.
-            let mut read = Params::default();
-            key_params(key, &mut read);
-            for param in [
-                Param::Text(""),
-                Param::State(self.state),
-                Param::Text(definition.id),
-                Param::Text(&self.key_text),
-            ] {
-                read.push(param);
-            }
-            let mut row = DB::fetch(conn, classify, &with_values(read, values))
-                .await?
-                .unwrap_or_default();
-            if row.int("found").is_none_or(|n| n == 0) {
-                // Deleted between the INSERT and the read: insert again.
-                continue;
-            }
-            let Some(state) = row.take_text("current_state") else {
-                return Err(self.corrupt(RowProblem::NullState));
-            };
-            let Some(current) = definition.state_index(&state) else {
-                return Err(self.corrupt(RowProblem::UnknownState(state)));
-            };
-            let current = (self.machine.from_index)(current);
-            let reply = if row.int("same_content") == Some(1) {
-                Creation::Duplicate {
-                    current,
-                    first_result: replay(self.codec, row.take_text("first_result"))?,
-                }
-            } else {
-                Creation::Conflict { current }
-            };
-            return Ok(Entered::Done {
+        Ok(match self.create::<DB>(conn, None).await? {
+            Created::Inserted(moved) => Entered::Run(Staged {
+                moved: Some(moved),
+                recorded: None,
+            }),
+            Created::Taken(reply) => Entered::Done {
                 reply,
                 commit: false,
-            });
-        }
-        Err(self.corrupt(RowProblem::Unstable))
+            },
+        })
     }
 
     fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {

@@ -349,14 +349,6 @@ impl<T, M> TransitionPlan<T, M> {
         }
     }
 
-    pub(crate) fn stage(&self) -> &TransitionStage<M> {
-        &self.stage
-    }
-
-    pub(crate) fn codec(&self) -> Codec<T> {
-        self.codec
-    }
-
     /// The plan of an event of a stream, see [`TransitionStage::watermark`].
     pub fn watermark(mut self, watermark: Result<i64, String>) -> Self {
         self.stage = self.stage.watermark(watermark);
@@ -412,6 +404,26 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
 
     fn outcome_name(reply: &Outcome<T, M>) -> &'static str {
         reply.kind().as_str()
+    }
+}
+
+impl<DB: Backend, T, M: Send> crate::statement::Storing<DB> for TransitionPlan<T, M> {
+    const APPLIED: &'static str = "applied";
+
+    async fn enter_storing(
+        &self,
+        conn: &mut DB::Connection,
+        result: Option<&str>,
+    ) -> Result<Option<Outcome<T, M>>, Error<Infallible>> {
+        Ok(match self.stage.enter_storing::<DB>(conn, result).await? {
+            Ok(moved) => {
+                if let (Some(json), false) = (result, moved.stored) {
+                    moved.store::<DB>(conn, json).await?;
+                }
+                None
+            }
+            Err(not_moved) => Some(not_moved.into_outcome(self.codec)?),
+        })
     }
 }
 

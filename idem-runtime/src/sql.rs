@@ -81,6 +81,11 @@ pub struct Statements {
     /// The parameters of [`classify`](Self::classify) (`from` is the empty string, `to`
     /// the created state), then the values compared, from `$k+5`.
     pub classify_created: &'static str,
+    /// PostgreSQL: [`create`](Self::create) and the first result's insert in one
+    /// statement, which also classifies a taken key, for a creation without a transaction:
+    /// the key, `from` (empty), the state, the machine, the key as text, the result
+    /// (`$k+5`), then the columns set (`$k+6` on). Empty on SQLite.
+    pub create_storing: &'static str,
     /// Makes the database enforce the machine, whoever writes the table: only declared
     /// states in the state column, and an UPDATE of it only along a declared transition
     /// (PostgreSQL: a CHECK constraint and a row trigger, SQLSTATE 23514; SQLite: two

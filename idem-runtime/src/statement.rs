@@ -9,65 +9,74 @@
 //! Inside a caller's transaction it is a savepoint, as for every handler.
 
 use crate::backend::{Backend, Dialect};
-use crate::engine::TransitionPlan;
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::observe::Labels;
-use crate::outcome::Outcome;
 use crate::stored::bounded;
 use crate::work::{Entered, Origin, Plan, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
 
+/// A plan the one-statement form runs: a transition or a creation whose stage moves (or
+/// creates) the row and stores a result already known with it.
+pub trait Storing<DB: Backend>: Plan<DB> {
+    /// The name of the reply when the row moved, for the span and the counters.
+    const APPLIED: &'static str;
+
+    /// Moves (or creates) the row and stores `result` (JSON; `None`: nothing to store)
+    /// with it, on PostgreSQL in the same statement; `None` when it did, else the reply.
+    fn enter_storing<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        result: Option<&'a str>,
+    ) -> impl Future<Output = Result<Option<Self::Reply>, Error<Infallible>>> + Send + 'a;
+}
+
 /// Runs a handler in the one-statement form (generated code only): checks the call, runs
-/// `body`, then moves the row and stores the body's result in one unit of work.
-pub async fn statement<'c, DB, T, M, E, F>(
+/// `body`, then moves (or creates) the row and stores the body's result in one unit of work.
+pub async fn statement<'c, DB, P, E, F>(
     origin: Origin<'c, DB>,
-    plan: TransitionPlan<T, M>,
+    plan: P,
     body: F,
-) -> Result<Outcome<T, M>, Error<E>>
+) -> Result<P::Reply, Error<E>>
 where
     DB: Backend,
-    M: Send,
-    F: Future<Output = Result<T, E>>,
+    P: Storing<DB>,
+    F: Future<Output = Result<P::Value, E>>,
 {
-    <TransitionPlan<T, M> as Plan<DB>>::check(&plan).map_err(Error::widen)?;
+    plan.check().map_err(Error::widen)?;
     let value = body.await.map_err(Error::Handler)?;
-    let json = <TransitionPlan<T, M> as Plan<DB>>::encode(&plan, &value)
+    let json = plan
+        .encode(&value)
         .and_then(bounded)
         .map_err(Error::widen)?;
     // A result that serializes to `null` (`()`, `None`) replays without storage.
     let stored = (json != "null").then_some(json);
-    let plan = StatementPlan {
+    let once = StatementPlan {
         plan: &plan,
         result: stored.as_deref(),
     };
-    match stages_only_at(origin, &plan).await {
-        Ok(Moved::Yes) => {
+    match stages_only_at(origin, &once).await {
+        Ok(None) => {
             reached(FaultPoint::Committed);
-            Ok(Outcome::Applied(value))
+            Ok(plan.applied(value))
         }
-        Ok(Moved::No(outcome)) => Ok(outcome),
+        Ok(Some(reply)) => Ok(reply),
         Err(e) => Err(e.widen()),
     }
 }
 
-/// What the one statement did: moved the row (the caller has the result), or not.
-enum Moved<T, M> {
-    Yes,
-    No(Outcome<T, M>),
-}
-
-/// A transition plan whose body already ran: its stage moves the row and stores `result`.
-struct StatementPlan<'p, T, M> {
-    plan: &'p TransitionPlan<T, M>,
+/// A plan whose body already ran: its stage moves the row and stores `result`.
+struct StatementPlan<'p, P> {
+    plan: &'p P,
     /// The result to store, JSON; `None` for one that serializes to `null`.
     result: Option<&'p str>,
 }
 
-impl<DB: Backend, T, M: Send> Plan<DB> for StatementPlan<'_, T, M> {
+impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
     type Value = Infallible;
-    type Reply = Moved<T, M>;
+    /// `None`: the row moved and its result is stored.
+    type Reply = Option<P::Reply>;
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())
@@ -82,22 +91,11 @@ impl<DB: Backend, T, M: Send> Plan<DB> for StatementPlan<'_, T, M> {
     async fn enter(
         &self,
         conn: &mut DB::Connection,
-    ) -> Result<Entered<Moved<T, M>>, Error<Infallible>> {
-        let stage = self.plan.stage();
-        Ok(match stage.enter_storing::<DB>(conn, self.result).await? {
-            Ok(moved) => {
-                if let (Some(json), false) = (self.result, moved.stored) {
-                    moved.store::<DB>(conn, json).await?;
-                }
-                Entered::Done {
-                    reply: Moved::Yes,
-                    commit: true,
-                }
-            }
-            Err(not_moved) => Entered::Done {
-                reply: Moved::No(not_moved.into_outcome(self.plan.codec())?),
-                commit: false,
-            },
+    ) -> Result<Entered<Option<P::Reply>>, Error<Infallible>> {
+        let reply = self.plan.enter_storing(conn, self.result).await?;
+        Ok(Entered::Done {
+            commit: reply.is_none(),
+            reply,
         })
     }
 
@@ -105,18 +103,18 @@ impl<DB: Backend, T, M: Send> Plan<DB> for StatementPlan<'_, T, M> {
         match *value {}
     }
 
-    fn applied(&self, value: Infallible) -> Moved<T, M> {
+    fn applied(&self, value: Infallible) -> Option<P::Reply> {
         match value {}
     }
 
     fn labels(&self) -> Labels<'_> {
-        self.plan.stage().labels()
+        self.plan.labels()
     }
 
-    fn outcome_name(reply: &Moved<T, M>) -> &'static str {
+    fn outcome_name(reply: &Option<P::Reply>) -> &'static str {
         match reply {
-            Moved::Yes => crate::outcome::OutcomeKind::Applied.as_str(),
-            Moved::No(outcome) => outcome.kind().as_str(),
+            None => P::APPLIED,
+            Some(reply) => P::outcome_name(reply),
         }
     }
 }

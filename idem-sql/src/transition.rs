@@ -78,6 +78,9 @@ pub struct Statements {
     /// classifying read's parameters (with `from` the empty string and `to` the state),
     /// then the bound values, from `$k+5`.
     pub classify_created: String,
+    /// PostgreSQL: the creation and its first result in one statement, which also
+    /// classifies a taken key (empty on SQLite).
+    pub create_storing: String,
 }
 
 /// The quoted names, and the parameter positions: the key's columns come first
@@ -189,6 +192,12 @@ impl Quoted {
 
     /// `INSERT … ON CONFLICT (key) DO NOTHING`: an atomic insert into the unique key.
     fn create(&self) -> String {
+        let k = self.keys.len();
+        self.insert_row(k + 1, k + 2)
+    }
+
+    /// The creation's INSERT, the state bound at `$state`, the bound columns from `$first`.
+    fn insert_row(&self, state_param: usize, first: usize) -> String {
         let Quoted {
             table,
             keys,
@@ -201,10 +210,10 @@ impl Quoted {
         let mut columns: Vec<String> = keys.clone();
         let mut values: Vec<String> = (1..=k).map(|n| format!("${n}")).collect();
         columns.push(state.clone());
-        values.push(format!("${}", k + 1));
+        values.push(format!("${state_param}"));
         columns.push(version.clone());
         values.push("0".to_owned());
-        let mut next = k + 2;
+        let mut next = first;
         for (column, value) in set {
             columns.push(column.clone());
             values.push(match value {
@@ -229,7 +238,20 @@ impl Quoted {
     /// whether each bound column holds this creation's value (`same`: the backend's
     /// null-safe equality).
     fn classify_created(&self, same: &str) -> String {
-        let mut next = self.keys.len() + 5;
+        format!(
+            "SELECT {observed},\n\
+             \x20      {content}\n\
+             FROM (SELECT 1) AS one\n\
+             {joins}",
+            observed = self.observed_columns(),
+            content = self.same_content(same, self.keys.len() + 5),
+            joins = self.current_row_and_result(),
+        )
+    }
+
+    /// `same_content`: whether each bound column holds the value bound from `$first` on.
+    fn same_content(&self, same: &str, first: usize) -> String {
+        let mut next = first;
         let mut checks = Vec::new();
         for (column, value) in &self.set {
             if *value == SetTo::Bound {
@@ -242,12 +264,50 @@ impl Quoted {
         } else {
             checks.join(" AND ")
         };
+        format!("CAST(CASE WHEN {content} THEN 1 ELSE 0 END AS BIGINT) AS same_content")
+    }
+
+    /// PostgreSQL: the creation's INSERT and its first result's, as data-modifying CTEs of
+    /// one statement that also classifies a taken key. Parameters: the key, `from` (the
+    /// empty string), the state, the machine, the key as text, the result (`$k+5`), then
+    /// the bound columns (`$k+6` on), used by the INSERT and the comparison alike.
+    fn postgres_create_storing(&self) -> String {
+        let k = self.keys.len();
+        let Quoted {
+            version, results, ..
+        } = self;
         format!(
-            "SELECT {observed},\n\
-             \x20      CAST(CASE WHEN {content} THEN 1 ELSE 0 END AS BIGINT) AS same_content\n\
+            "WITH ins AS (\n\
+             {insert}\n\
+             RETURNING {version}\n\
+             ), res_ins AS (\n\
+             INSERT INTO {results} (machine, entity_key, from_state, to_state, result)\n\
+             SELECT {machine}, {text}, CAST({from} AS TEXT), CAST({to} AS TEXT), {result} FROM ins\n\
+             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
+             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP\n\
+             )\n\
+             SELECT CAST({version} AS BIGINT) AS applied_version,\n\
+             \x20      CAST(1 AS BIGINT) AS found,\n\
+             \x20      CAST(NULL AS TEXT) AS current_state,\n\
+             \x20      CAST(NULL AS BIGINT) AS current_version,\n\
+             \x20      CAST(NULL AS TEXT) AS first_result,\n\
+             \x20      CAST(NULL AS BIGINT) AS same_content\n\
+             FROM ins\n\
+             UNION ALL\n\
+             SELECT NULL,\n\
+             \x20      {observed},\n\
+             \x20      {content}\n\
              FROM (SELECT 1) AS one\n\
-             {joins}",
+             {joins}\n\
+             WHERE NOT EXISTS (SELECT FROM ins)",
+            insert = self.insert_row(k + 2, k + 6),
+            from = self.after_key(1),
+            to = self.after_key(2),
+            machine = self.after_key(3),
+            text = self.after_key(4),
+            result = self.after_key(5),
             observed = self.observed_columns(),
+            content = self.same_content("IS NOT DISTINCT FROM", k + 6),
             joins = self.current_row_and_result(),
         )
     }
@@ -422,6 +482,7 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
         create: q.create(),
         classify_created: q.classify_created("IS NOT DISTINCT FROM"),
+        create_storing: q.postgres_create_storing(),
     }
 }
 
@@ -444,6 +505,7 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         create_results_table: q.create_results_table("TEXT"),
         create: q.create(),
         classify_created: q.classify_created("IS"),
+        create_storing: String::new(),
     }
 }
 
@@ -657,6 +719,23 @@ mod tests {
         assert!(pg.classify_created.contains(
             "CASE WHEN cur.\"amount\" IS NOT DISTINCT FROM $7 AND cur.\"note\" IS NOT DISTINCT FROM $8 THEN 1"
         ));
+        let storing = &pg.create_storing;
+        assert!(storing.contains(
+            "VALUES ($1, $2, $4, 0, CURRENT_TIMESTAMP, $8, $9)\nON CONFLICT (\"tenant_id\", \"order_id\") DO NOTHING\nRETURNING"
+        ));
+        assert!(
+            storing.contains("SELECT $5, $6, CAST($3 AS TEXT), CAST($4 AS TEXT), $7 FROM ins\n")
+        );
+        assert!(storing.contains(
+            "cur.\"amount\" IS NOT DISTINCT FROM $8 AND cur.\"note\" IS NOT DISTINCT FROM $9"
+        ));
+        for n in 1..=9 {
+            assert!(
+                storing.contains(&format!("${n}")),
+                "missing ${n} in {storing}"
+            );
+        }
+        assert!(!storing.contains("$10"));
         let lite = sqlite(&names(&["order_id"]), &[]);
         assert!(lite.classify_created.contains("CASE WHEN 1 = 1 THEN 1"));
         assert!(

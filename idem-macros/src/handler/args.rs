@@ -384,15 +384,6 @@ fn missing_arguments(cx: &mut Ctxt, arguments: &[(&str, bool)], explanation: &st
 
 /// The arguments that name parameters must name real ones.
 pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
-    if let (None, Some(_)) = (&handler.tx_type, &args.creation) {
-        cx.error_spanned_by(
-            &handler.tx,
-            format!(
-                "a creation runs in a transaction: take `tx: &mut Transaction<'_, DB>` instead of the pool `{}`",
-                handler.tx
-            ),
-        );
-    }
     if handler.tx_type.is_none() && args.inbox.is_some() {
         cx.error_spanned_by(
             &handler.tx,

@@ -118,6 +118,7 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         create_results_table: "",
         create: "",
         classify_created: "",
+        create_storing: "",
         enforce: "",
     });
     let name = ident.to_string();
@@ -152,6 +153,7 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
         create_results_table,
         create,
         classify_created,
+        create_storing,
     } = s;
     quote! {
         ::idem::Statements {
@@ -169,6 +171,7 @@ fn statements_tokens(s: &Statements, enforce: &str) -> TokenStream {
             create_results_table: #create_results_table,
             create: #create,
             classify_created: #classify_created,
+            create_storing: #create_storing,
             enforce: #enforce,
         }
     }

@@ -15,8 +15,8 @@ enum Order {
 }
 
 
-// A creation makes the row in an initial state: no `from`/`to`, no inbox, not a state the
-// machine reaches by a transition, and in a transaction.
+// A creation makes the row in an initial state: no `from`/`to`, not a state the machine
+// reaches by a transition.
 #[idempotent(machine = Order, key = "order_id", create = "CREATED", from = "CREATED")]
 async fn open(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
     let _ = tx;
@@ -26,11 +26,6 @@ async fn open(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sql
 #[idempotent(machine = Order, key = "order_id", create = "PAID")]
 async fn paid(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
     let _ = tx;
-    Ok(())
-}
-
-#[idempotent(machine = Order, key = "order_id", create = "CREATED")]
-async fn quick(pool: &sqlx::SqlitePool, order_id: i64) -> Result<(), sqlx::Error> {
     Ok(())
 }
 

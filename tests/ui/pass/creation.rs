@@ -27,10 +27,21 @@ async fn create(tx: &mut Transaction<'_, Sqlite>, order_id: &str, amount: i64) -
     Ok(Receipt { amount })
 }
 
+// Without a transaction: the body first, then one statement.
+#[idempotent(machine = Order, key = "order_id", create = "CREATED", set(amount))]
+async fn open(pool: &sqlx::PgPool, order_id: i64, amount: i64) -> Result<(), String> {
+    if amount < 0 {
+        return Err("negative".into());
+    }
+    Ok(())
+}
+
 fn assert_send<T: Send>(_: &T) {}
 
 #[allow(dead_code)]
-async fn callers(pool: &sqlx::SqlitePool) {
+async fn callers(pool: &sqlx::SqlitePool, pg: &sqlx::PgPool) {
+    let opened: idem::Creation<(), Order> = open(pg, 1, 5).await.unwrap();
+    let _ = opened.is_created();
     let creating = create(pool, "T-1", 5);
     assert_send(&creating);
     match creating.await.unwrap() {
