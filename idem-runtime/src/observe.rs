@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `db.system.name` | `sqlite` or `postgresql` |
 //! | `idem.machine` | the machine's id (`#[machine(id = …)]`, by default its table) |
-//! | `idem.transition` | `FROM->TO` |
+//! | `idem.transition` | `FROM->TO`; for a creation `->STATE` |
 //! | `messaging.consumer.group.name` | the inbox's consumer group |
 //! | `idem.key` | the business or message key — only after [`set_trace_keys(true)`](set_trace_keys): keys may be personal data |
 //! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`, `superseded`; for a creation `created`, `duplicate`, `conflict`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; for a leased claim `claimed`, for its completion `processed`, `failed`, `dead`; `error` |
