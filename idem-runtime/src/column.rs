@@ -251,14 +251,11 @@ impl SetColumns {
             version: definition.version_column,
             results: definition.results_table,
         };
-        match dialect {
-            Dialect::Postgres => self
-                .postgres
-                .get_or_init(|| idem_sql::transition::postgres(&names, self.assignments)),
-            Dialect::Sqlite => self
-                .sqlite
-                .get_or_init(|| idem_sql::transition::sqlite(&names, self.assignments)),
-        }
+        let built = match dialect {
+            Dialect::Postgres => &self.postgres,
+            Dialect::Sqlite => &self.sqlite,
+        };
+        built.get_or_init(|| dialect.statements(&names, self.assignments))
     }
 
     /// The columns whose values are bound, in the order of their parameters.

@@ -173,7 +173,7 @@ impl<T, M> CreationPlan<T, M> {
                     )
                 }
                 None => {
-                    let sql = dialect.statements(definition);
+                    let sql = definition.sql.of(dialect);
                     (sql.create, sql.classify_created, sql.create_storing, &[])
                 }
             };

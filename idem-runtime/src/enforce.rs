@@ -33,7 +33,7 @@ use sqlx::Pool;
 /// ```
 pub async fn enforce<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let (mut tx, _writer) = begin_write(pool).await?;
-    let script = DB::dialect(&tx).statements(M::DEFINITION).enforce;
+    let script = M::DEFINITION.sql.of(DB::dialect(&tx)).enforce;
     DB::execute_script(&mut tx, script).await?;
     tx.commit().await
 }

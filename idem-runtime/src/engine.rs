@@ -464,7 +464,7 @@ impl Moved {
         conn: &mut DB::Connection,
         json: &str,
     ) -> Result<(), sqlx::Error> {
-        let sql = self.dialect.statements(self.definition).store_result;
+        let sql = self.definition.sql.of(self.dialect).store_result;
         let params = [
             Param::Text(self.definition.id),
             Param::Text(&self.key_text),
@@ -557,7 +557,7 @@ impl<'a> Call<'a> {
                 ],
             },
             None => {
-                let sql = self.dialect.statements(self.transition.definition);
+                let sql = self.transition.definition.sql.of(self.dialect);
                 Updates {
                     transition: [
                         sql.transition,
@@ -680,7 +680,7 @@ async fn attempt<DB: Backend>(
     inline: bool,
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
-    let sql = call.dialect.statements(t.definition);
+    let sql = t.definition.sql.of(call.dialect);
     let updates = call.updates();
     let (from, to) = (Param::State(t.from_name()), Param::State(t.to_name()));
     let (machine, key_text) = (Param::Text(t.definition.id), Param::Text(call.result_key));

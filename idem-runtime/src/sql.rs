@@ -13,6 +13,17 @@ pub struct MachineSql {
     pub sqlite: Statements,
 }
 
+impl MachineSql {
+    /// The statements of `dialect`.
+    pub fn of(&self, dialect: crate::backend::Dialect) -> &Statements {
+        use crate::backend::Dialect;
+        match dialect {
+            Dialect::Postgres => &self.postgres,
+            Dialect::Sqlite => &self.sqlite,
+        }
+    }
+}
+
 /// The statements idem runs for one machine on one backend.
 ///
 /// Parameters, by position:

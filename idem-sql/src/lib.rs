@@ -7,9 +7,11 @@
 //! So a statement idem runs is spelled in one place, whichever of the two built it.
 //!
 //! Identifiers are validated before they get here ([`ident`]) and are quoted; every value
-//! is a bound parameter.
+//! is a bound parameter. [`dialect`] is what each backend is called, how it begins a write
+//! transaction and what its error codes mean.
 
 #![warn(missing_docs)]
 
+pub mod dialect;
 pub mod ident;
 pub mod transition;

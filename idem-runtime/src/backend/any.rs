@@ -31,15 +31,6 @@ impl generic::Bind for Any {
     }
 }
 
-/// The dialect of a backend name or URL scheme; `None` for backends idem does not support.
-fn dialect_named(name: &str) -> Option<Dialect> {
-    match name.to_ascii_lowercase().as_str() {
-        "sqlite" => Some(Dialect::Sqlite),
-        "postgres" | "postgresql" => Some(Dialect::Postgres),
-        _ => None,
-    }
-}
-
 fn unsupported(name: &str) -> sqlx::Error {
     sqlx::Error::Configuration(
         format!("idem runs on SQLite and PostgreSQL; this `sqlx::Any` pool is {name}").into(),
@@ -52,25 +43,25 @@ impl Backend for Any {
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
         let scheme = pool.connect_options().database_url.scheme().to_owned();
         async move {
-            let dialect = dialect_named(&scheme).ok_or_else(|| unsupported(&scheme))?;
+            let dialect = Dialect::named(&scheme).ok_or_else(|| unsupported(&scheme))?;
             pool.begin_with(dialect.begin()).await
         }
     }
 
     fn writer_queue(pool: &Pool<Self>) -> Option<Database> {
         let url = &pool.connect_options().database_url;
-        (dialect_named(url.scheme()) == Some(Dialect::Sqlite))
+        (Dialect::named(url.scheme()) == Some(Dialect::Sqlite))
             .then(|| Database::of_url(url.as_str()))
     }
 
     fn pool_dialect(pool: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
         let scheme = pool.connect_options().database_url.scheme().to_owned();
-        dialect_named(&scheme).ok_or_else(|| unsupported(&scheme))
+        Dialect::named(&scheme).ok_or_else(|| unsupported(&scheme))
     }
 
     fn dialect(conn: &AnyConnection) -> Dialect {
         // Only reached inside a transaction begun above, which refused other backends.
-        dialect_named(conn.backend_name()).unwrap_or(Dialect::Postgres)
+        Dialect::named(conn.backend_name()).unwrap_or(Dialect::Postgres)
     }
 
     fn fetch<'a>(

@@ -145,41 +145,11 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Which set of generated statements a connection speaks.
+/// Which backend a connection speaks: its statements, its BEGIN, its error codes
+/// (`idem_sql::dialect`, the one place they are written down).
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    Postgres,
-    Sqlite,
-}
-
-impl Dialect {
-    /// The generated statements for this dialect.
-    pub fn statements(self, definition: &crate::machine::Definition) -> &crate::sql::Statements {
-        match self {
-            Dialect::Postgres => &definition.sql.postgres,
-            Dialect::Sqlite => &definition.sql.sqlite,
-        }
-    }
-
-    /// The database's name in OpenTelemetry's `db.system.name`.
-    pub fn system_name(self) -> &'static str {
-        match self {
-            Dialect::Postgres => "postgresql",
-            Dialect::Sqlite => "sqlite",
-        }
-    }
-
-    /// The statement that opens a write transaction. SQLite must take the write lock up
-    /// front: a deferred transaction that later upgrades fails with SQLITE_BUSY at once
-    /// instead of waiting for the busy timeout.
-    pub fn begin(self) -> &'static str {
-        match self {
-            Dialect::Postgres => "BEGIN",
-            Dialect::Sqlite => "BEGIN IMMEDIATE",
-        }
-    }
-}
+pub use idem_sql::dialect::Dialect;
+use idem_sql::dialect::ErrorClass;
 
 /// Opens a write transaction, after waiting for this process's turn to write where the
 /// backend needs one (SQLite, see [`writers`]). The guard must outlive the transaction.
@@ -234,39 +204,50 @@ pub(crate) async fn acquire_write<DB: Backend>(
 /// connection, an exhausted pool.
 pub fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("40001" | "40P01")) || sqlite_busy(db.as_ref())
-        }
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
-        _ => false,
+        other => is_conflict(other),
     }
 }
 
 /// Whether the transaction lost a conflict with another one (serialization failure,
 /// deadlock, a busy SQLite database): retrying it from the start is the cure.
 pub(crate) fn is_conflict(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("40001" | "40P01")) || sqlite_busy(db.as_ref())
-        }
-        _ => false,
+    error_class(error) == ErrorClass::Conflict
+}
+
+/// Whether a lock was not granted within the lock timeout (PostgreSQL's `lock_timeout`,
+/// SQLSTATE 55P03): only the statement failed.
+pub(crate) fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    error_class(error) == ErrorClass::LockTimeout
+}
+
+/// What a database error means, as the dialect of the driver that raised it says.
+fn error_class(error: &sqlx::Error) -> ErrorClass {
+    let sqlx::Error::Database(db) = error else {
+        return ErrorClass::Other;
+    };
+    let Some(code) = db.code() else {
+        return ErrorClass::Other;
+    };
+    match raised_by(db.as_ref(), &code) {
+        Some(dialect) => dialect.error(&code),
+        None => ErrorClass::Other,
     }
 }
 
-/// SQLITE_BUSY (5) or SQLITE_LOCKED (6), in any of their extended forms.
-#[cfg(feature = "sqlite")]
-fn sqlite_busy(error: &dyn sqlx::error::DatabaseError) -> bool {
-    let from_sqlite = error
-        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
-        .is_some();
-    from_sqlite
-        && error
-            .code()
-            .and_then(|code| code.parse::<u32>().ok())
-            .is_some_and(|code| matches!(code & 0xff, 5 | 6))
-}
-
-#[cfg(not(feature = "sqlite"))]
-fn sqlite_busy(_: &dyn sqlx::error::DatabaseError) -> bool {
-    false
+/// The backend whose driver raised `error` (through `sqlx::Any` too: it passes the
+/// driver's own error on). A driver this build does not know (an `sqlx::Any` pool on
+/// PostgreSQL without idem's `postgres` feature) is told by its code: a SQLSTATE has five
+/// characters, and SQLite's result codes are numbers below 10000.
+fn raised_by(error: &dyn sqlx::error::DatabaseError, code: &str) -> Option<Dialect> {
+    #[cfg(feature = "postgres")]
+    if postgres::raised(error) {
+        return Some(Dialect::Postgres);
+    }
+    #[cfg(feature = "sqlite")]
+    if sqlite::raised(error) {
+        return Some(Dialect::Sqlite);
+    }
+    let _ = error;
+    (code.len() == 5).then_some(Dialect::Postgres)
 }

@@ -6,6 +6,13 @@ use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
 impl super::sealed::Sealed for Postgres {}
 
+/// Whether PostgreSQL's driver raised `error` (its codes are SQLSTATEs).
+pub(super) fn raised(error: &dyn sqlx::error::DatabaseError) -> bool {
+    error
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some()
+}
+
 impl generic::Bind for Postgres {
     fn bind<'a>(query: generic::Query<'a, Self>, param: Param<'a>) -> generic::Query<'a, Self> {
         match param {

@@ -7,6 +7,13 @@ use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
 use std::time::Duration;
 
 impl super::sealed::Sealed for Sqlite {}
+
+/// Whether SQLite's driver raised `error` (its codes are extended result codes).
+pub(super) fn raised(error: &dyn sqlx::error::DatabaseError) -> bool {
+    error
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+}
 generic::bind_natively!(Sqlite);
 
 impl Backend for Sqlite {

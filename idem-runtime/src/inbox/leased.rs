@@ -5,7 +5,7 @@
 
 use super::counters::Counter;
 use super::record::{self, Found};
-use super::{Claimed, Delivery, Inbox, Lease, MessageKey, lock_not_available, sql};
+use super::{Claimed, Delivery, Inbox, Lease, MessageKey, sql};
 use crate::backend::{Backend, Dialect, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -78,7 +78,7 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
         ];
         let inserted = match DB::execute(tx, sql::INSERT, &insert).await {
             Ok(n) => n,
-            Err(e) if lock_not_available(&e) => {
+            Err(e) if crate::backend::is_lock_timeout(&e) => {
                 return Ok(Self::done(
                     Claimed::Done(inbox.in_progress(None)),
                     None,

@@ -631,11 +631,6 @@ pub(crate) fn fingerprint(payload: &[u8]) -> String {
     crate::hex::hex(&Sha256::digest(payload))
 }
 
-/// PostgreSQL's lock_timeout expired (SQLSTATE 55P03).
-pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
 /// Creates idem's tables (the default results table and the inbox) if they do not
 /// exist: [`SQLITE_MIGRATION`] or [`POSTGRES_MIGRATION`], statement by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {

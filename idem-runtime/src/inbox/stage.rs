@@ -3,7 +3,7 @@
 
 use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
-use super::{Delivery, Inbox, MessageKey, fingerprint, lock_not_available, sql};
+use super::{Delivery, Inbox, MessageKey, fingerprint, sql};
 use crate::backend::{Backend, Dialect, Param};
 use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
@@ -121,7 +121,9 @@ impl InboxStage {
         };
         let inserted = match DB::execute(conn, statement, &insert).await {
             Ok(n) => n,
-            Err(e) if lock_not_available(&e) => return Ok(Err(inbox.in_progress(None))),
+            Err(e) if crate::backend::is_lock_timeout(&e) => {
+                return Ok(Err(inbox.in_progress(None)));
+            }
             Err(e) => return Err(e.into()),
         };
         let mut took_over = false;
