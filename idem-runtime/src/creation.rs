@@ -5,7 +5,7 @@
 //! the first result replayed) from a conflict (other values: the first row stays, this
 //! call is refused).
 
-use crate::backend::{Backend, Dialect, Param, Record};
+use crate::backend::{Backend, Param, Record};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::engine::{CallKey, Moved, Params, Setting, checked_key, key_params, replay};
 use crate::error::{Error, RowProblem};
@@ -159,7 +159,7 @@ impl<T, M> CreationPlan<T, M> {
         let definition = self.machine.definition;
         let key = checked_key(&self.key, definition)?;
         let dialect = DB::dialect(conn);
-        let storing = storing.filter(|_| dialect == Dialect::Postgres);
+        let storing = storing.filter(|_| dialect.writes_in_cte());
         let (create, classify, create_storing, values): (&str, &str, &str, &[ColumnValue]) =
             match &self.set {
                 Some(setting) => {

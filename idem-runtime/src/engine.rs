@@ -285,7 +285,7 @@ impl<M> TransitionStage<M> {
                 setting.check()?,
             )),
         };
-        let storing = storing.filter(|_| dialect == Dialect::Postgres);
+        let storing = storing.filter(|_| dialect.writes_in_cte());
         let call = Call {
             transition: &transition,
             dialect,
@@ -689,7 +689,7 @@ async fn attempt<DB: Backend>(
         let params = call.update_params(&[from, to, machine, key_text, Param::Text(json)]);
         return classified::<DB>(conn, updates.storing(call.guard), &params).await;
     }
-    if inline && call.dialect == Dialect::Postgres {
+    if inline && call.dialect.writes_in_cte() {
         let params = call.update_params(&[from, to, machine, key_text]);
         return classified::<DB>(conn, updates.transition(call.guard), &params).await;
     }

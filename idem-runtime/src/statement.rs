@@ -85,7 +85,7 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
     fn autocommit(&self, dialect: Dialect) -> bool {
         // PostgreSQL stores the result in the statement that moves the row; SQLite needs a
         // second statement for it, so a transaction, unless there is nothing to store.
-        dialect == Dialect::Postgres || self.result.is_none()
+        dialect.writes_in_cte() || self.result.is_none()
     }
 
     async fn enter(

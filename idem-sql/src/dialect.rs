@@ -64,6 +64,16 @@ impl Dialect {
         }
     }
 
+    /// Whether a statement may write in a CTE (`WITH upd AS (UPDATE … RETURNING …)`), so
+    /// that one statement moves a row and classifies a miss, or stores a result with it
+    /// (PostgreSQL); elsewhere those take a second statement.
+    pub fn writes_in_cte(self) -> bool {
+        match self {
+            Dialect::Postgres => true,
+            Dialect::Sqlite => false,
+        }
+    }
+
     /// A machine's transition statements in this dialect, with the columns a handler sets.
     pub fn statements(self, names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         match self {

@@ -14,4 +14,5 @@
 
 pub mod dialect;
 pub mod ident;
+pub mod inbox;
 pub mod transition;

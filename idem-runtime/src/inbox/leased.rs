@@ -6,7 +6,7 @@
 use super::counters::Counter;
 use super::record::{self, Found};
 use super::{Claimed, Delivery, Inbox, Lease, MessageKey, sql};
-use crate::backend::{Backend, Dialect, Param};
+use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::Codec;
@@ -59,11 +59,12 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
 
     async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Claim<T>>, Error<Infallible>> {
         let inbox = self.inbox;
-        if let (Some(timeout), Dialect::Postgres) = (inbox.lock_timeout, DB::dialect(tx)) {
-            // SET takes no parameters; the value is our own integer. The transaction ends
-            // right after the claim, so the setting ends with it.
-            let set = format!("SET LOCAL lock_timeout = '{}ms'", millis(timeout).max(1));
-            DB::execute(tx, &set, &[]).await?;
+        let lock_timeout = inbox
+            .lock_timeout
+            .and_then(|timeout| DB::dialect(tx).set_lock_timeout(millis(timeout)));
+        if let Some(set) = &lock_timeout {
+            // The transaction ends right after the claim, so the setting ends with it.
+            DB::execute(tx, set, &[]).await?;
         }
         let now = inbox.clock.now_millis();
         let lease_until = now.saturating_add(millis(inbox.lease));

@@ -2,9 +2,9 @@
 //! inbox's lock timeout, the conflict retry, a span), so live deliveries interleave with a
 //! long purge.
 
+use super::Inbox;
 use super::counters::Counter;
-use super::{Inbox, sql};
-use crate::backend::{Backend, Dialect, Param};
+use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::observe::Labels;
 use crate::work::{Entered, GaveUp, Plan};
@@ -38,10 +38,7 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
     }
 
     async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Purged>, Error<Infallible>> {
-        let statement = match DB::dialect(tx) {
-            Dialect::Postgres => sql::PURGE_POSTGRES,
-            Dialect::Sqlite => sql::PURGE_SQLITE,
-        };
+        let statement = DB::dialect(tx).inbox_purge();
         let params = [
             Param::Text(&self.inbox.group),
             Param::Int(self.cutoff),

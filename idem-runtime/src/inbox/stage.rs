@@ -4,7 +4,7 @@
 use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::{Delivery, Inbox, MessageKey, fingerprint, sql};
-use crate::backend::{Backend, Dialect, Param};
+use crate::backend::{Backend, Param};
 use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -94,14 +94,12 @@ impl InboxStage {
         codec: Codec<T>,
     ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
         let inbox = &self.inbox;
-        let postgres = DB::dialect(conn) == Dialect::Postgres;
-        if let (Some(timeout), true) = (self.lock_timeout, postgres) {
-            // SET takes no parameters; the value is our own integer.
-            let set = format!(
-                "SET LOCAL lock_timeout = '{}ms'",
-                super::clock::millis(timeout).max(1)
-            );
-            DB::execute(conn, &set, &[]).await?;
+        let dialect = DB::dialect(conn);
+        let lock_timeout = self
+            .lock_timeout
+            .and_then(|timeout| dialect.set_lock_timeout(super::clock::millis(timeout)));
+        if let Some(set) = &lock_timeout {
+            DB::execute(conn, set, &[]).await?;
         }
         let now = inbox.clock.now_millis();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
@@ -113,12 +111,9 @@ impl InboxStage {
             Param::Null,
             Param::Int(now),
         ];
-        let unblocked = self.unblocked && postgres;
-        let statement = if unblocked {
-            sql::INSERT_UNLESS_BUSY
-        } else {
-            sql::INSERT
-        };
+        let statement = dialect.inbox_insert(self.unblocked);
+        // Only the insert that gives way to a busy key can insert nothing and find no record.
+        let unblocked = statement == sql::INSERT_UNLESS_BUSY;
         let inserted = match DB::execute(conn, statement, &insert).await {
             Ok(n) => n,
             Err(e) if crate::backend::is_lock_timeout(&e) => {
@@ -154,10 +149,10 @@ impl InboxStage {
                 Found::Ended(ended) => return inbox.ended(codec, &self.key, ended).map(Err),
             }
         }
-        if self.lock_timeout.is_some() && postgres {
+        if let (Some(_), Some(reset)) = (&lock_timeout, dialect.reset_lock_timeout()) {
             // The lock timeout is for waiting on another delivery of the message, not for
             // the handler's own statements: back to the session's setting.
-            DB::execute(conn, "SET LOCAL lock_timeout = DEFAULT", &[]).await?;
+            DB::execute(conn, reset, &[]).await?;
         }
         reached(FaultPoint::Recorded);
         Ok(Ok(Recorded {
@@ -459,10 +454,13 @@ impl Inbox {
             .read_record::<DB>(conn, key, fingerprint, sql::SELECT)
             .await?;
         match found {
-            Some(Found::Retry { .. }) if DB::dialect(conn) == Dialect::Postgres => {
-                self.read_record::<DB>(conn, key, fingerprint, sql::SELECT_FOR_UPDATE)
-                    .await
-            }
+            Some(Found::Retry { .. }) => match DB::dialect(conn).inbox_locking_select() {
+                Some(locking) => {
+                    self.read_record::<DB>(conn, key, fingerprint, locking)
+                        .await
+                }
+                None => Ok(found),
+            },
             found => Ok(found),
         }
     }
