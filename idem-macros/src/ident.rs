@@ -1,6 +1,6 @@
 //! SQL identifiers and state names: what the macros accept and how they are quoted.
 
-pub use idem_sql::ident::{quoted, sql_identifier_problem, table_name_problem};
+pub use idem_sql::ident::{sql_identifier_problem, table_name_problem};
 
 /// The longest state name.
 pub const MAX_STATE_LEN: usize = 64;

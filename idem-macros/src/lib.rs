@@ -5,7 +5,6 @@
 //! expand); every error is reported at once, on the token that is wrong.
 
 mod ctxt;
-mod enforce;
 mod handler;
 mod ident;
 mod keys;

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod dialect;
+pub mod enforce;
 pub mod ident;
 pub mod inbox;
 pub mod transition;

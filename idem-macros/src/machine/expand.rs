@@ -3,7 +3,7 @@
 
 use super::check::Checked;
 use super::graph;
-use crate::enforce;
+use idem_sql::enforce;
 use idem_sql::transition::{self as sql, Names, Statements};
 use proc_macro2::TokenStream;
 use quote::quote;

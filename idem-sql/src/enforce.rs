@@ -1,6 +1,7 @@
 //! The SQL that makes the database itself enforce a machine: only declared states in the
 //! state column, and only declared transitions between them, whoever writes the table.
-//! Generated at compile time from the declaration, one script per backend.
+//! Generated at compile time from the declaration (by `#[derive(StateMachine)]`), one
+//! script per backend.
 
 use crate::ident::quoted;
 
@@ -8,7 +9,9 @@ use crate::ident::quoted;
 pub struct Machine<'a> {
     /// The enum's name, for the error messages.
     pub name: &'a str,
+    /// The machine's table (`orders`, `billing.orders`).
     pub table: &'a str,
+    /// Its state column.
     pub state: &'a str,
     /// The states' database names.
     pub states: &'a [&'a str],
