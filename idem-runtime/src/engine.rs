@@ -82,8 +82,9 @@ pub struct TransitionStage<M> {
     expected_version: Option<i64>,
     /// An event's version (`watermark = "…"`), or the text of one that is none.
     watermark: Option<Result<i64, String>>,
-    /// Where the first result is stored: the key's text; for an event, with its version.
-    result_key: String,
+    /// Where an event's first result is stored: the key's text and its version (`None`:
+    /// under the key's text).
+    event_key: Option<String>,
     set: Option<Setting>,
 }
 
@@ -193,7 +194,7 @@ impl<M> TransitionStage<M> {
             machine,
             transition,
             key,
-            result_key: key_text.clone(),
+            event_key: None,
             key_text,
             expected_version,
             watermark: None,
@@ -207,10 +208,15 @@ impl<M> TransitionStage<M> {
     /// no key contains).
     pub fn watermark(mut self, watermark: Result<i64, String>) -> Self {
         if let Ok(event) = &watermark {
-            self.result_key = format!("{}\u{1f}{event}", self.key_text);
+            self.event_key = Some(format!("{}\u{1f}{event}", self.key_text));
         }
         self.watermark = Some(watermark);
         self
+    }
+
+    /// The key the first result is stored under.
+    fn result_key(&self) -> &str {
+        self.event_key.as_deref().unwrap_or(&self.key_text)
     }
 
     fn guard(&self) -> Guard {
@@ -291,7 +297,7 @@ impl<M> TransitionStage<M> {
             dialect,
             key,
             key_text: &self.key_text,
-            result_key: &self.result_key,
+            result_key: self.result_key(),
             guard: self.guard(),
             set,
             storing,
@@ -307,7 +313,7 @@ impl<M> TransitionStage<M> {
                     transition.definition,
                     (transition.from_name(), transition.to_name()),
                     call.dialect,
-                    self.result_key.clone(),
+                    self.result_key().to_owned(),
                 );
                 moved.stored = storing.is_some();
                 return Ok(Ok(moved));

@@ -84,11 +84,12 @@ pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
 impl Dialect {
     /// The statement that records a first delivery: [`INSERT`]; on PostgreSQL with
     /// `unblocked`, [`INSERT_UNLESS_BUSY`] (a delivery in progress elsewhere makes it insert
-    /// nothing at once instead of waiting).
-    pub fn inbox_insert(self, unblocked: bool) -> &'static str {
+    /// nothing at once instead of waiting). The flag says which: whether inserting nothing
+    /// may also find no record (the key was busy).
+    pub fn inbox_insert(self, unblocked: bool) -> (&'static str, bool) {
         match self {
-            Dialect::Postgres if unblocked => INSERT_UNLESS_BUSY,
-            Dialect::Postgres | Dialect::Sqlite => INSERT,
+            Dialect::Postgres if unblocked => (INSERT_UNLESS_BUSY, true),
+            Dialect::Postgres | Dialect::Sqlite => (INSERT, false),
         }
     }
 
@@ -137,9 +138,12 @@ mod tests {
 
     #[test]
     fn each_dialect_runs_its_own_inbox_statements() {
-        assert_eq!(Dialect::Postgres.inbox_insert(true), INSERT_UNLESS_BUSY);
-        assert_eq!(Dialect::Postgres.inbox_insert(false), INSERT);
-        assert_eq!(Dialect::Sqlite.inbox_insert(true), INSERT);
+        assert_eq!(
+            Dialect::Postgres.inbox_insert(true),
+            (INSERT_UNLESS_BUSY, true)
+        );
+        assert_eq!(Dialect::Postgres.inbox_insert(false), (INSERT, false));
+        assert_eq!(Dialect::Sqlite.inbox_insert(true), (INSERT, false));
         assert_eq!(
             Dialect::Postgres.set_lock_timeout(0).as_deref(),
             Some("SET LOCAL lock_timeout = '1ms'")

@@ -273,18 +273,13 @@ impl Quoted {
     /// the bound columns (`$k+6` on), used by the INSERT and the comparison alike.
     fn postgres_create_storing(&self) -> String {
         let k = self.keys.len();
-        let Quoted {
-            version, results, ..
-        } = self;
+        let version = &self.version;
         format!(
             "WITH ins AS (\n\
              {insert}\n\
              RETURNING {version}\n\
              ), res_ins AS (\n\
-             INSERT INTO {results} (machine, entity_key, from_state, to_state, result)\n\
-             SELECT {machine}, {text}, CAST({from} AS TEXT), CAST({to} AS TEXT), {result} FROM ins\n\
-             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
-             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP\n\
+             {store}\n\
              )\n\
              SELECT CAST({version} AS BIGINT) AS applied_version,\n\
              \x20      CAST(1 AS BIGINT) AS found,\n\
@@ -301,11 +296,7 @@ impl Quoted {
              {joins}\n\
              WHERE NOT EXISTS (SELECT FROM ins)",
             insert = self.insert_row(k + 2, k + 6),
-            from = self.after_key(1),
-            to = self.after_key(2),
-            machine = self.after_key(3),
-            text = self.after_key(4),
-            result = self.after_key(5),
+            store = self.store_result_of("ins"),
             observed = self.observed_columns(),
             content = self.same_content("IS NOT DISTINCT FROM", k + 6),
             joins = self.current_row_and_result(),
@@ -348,21 +339,31 @@ impl Quoted {
              {update}\n\
              RETURNING {version}\n\
              ), ins AS (\n\
-             INSERT INTO {results} (machine, entity_key, from_state, to_state, result)\n\
-             SELECT {machine}, {text}, CAST({from} AS TEXT), CAST({to} AS TEXT), {result} FROM upd\n\
-             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
-             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP\n\
+             {store}\n\
              )\n\
              {classified}",
             update = self.update(guard, 5),
             version = self.version,
+            store = self.store_result_of("upd"),
+            classified = self.classified(),
+        )
+    }
+
+    /// The first result's insert inside a storing statement, for the row the CTE `source`
+    /// wrote (none: nothing is stored): `$k+1` from, `$k+2` to, `$k+3` the machine, `$k+4`
+    /// the key as text, `$k+5` the result.
+    fn store_result_of(&self, source: &str) -> String {
+        format!(
+            "INSERT INTO {results} (machine, entity_key, from_state, to_state, result)\n\
+             SELECT {machine}, {text}, CAST({from} AS TEXT), CAST({to} AS TEXT), {result} FROM {source}\n\
+             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
+             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP",
             results = self.results,
             from = self.after_key(1),
             to = self.after_key(2),
             machine = self.after_key(3),
             text = self.after_key(4),
             result = self.after_key(5),
-            classified = self.classified(),
         )
     }
 

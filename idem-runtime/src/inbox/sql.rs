@@ -13,7 +13,7 @@ pub const POSTGRES_MIGRATION: &str = concat!(
 pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
 
 pub(crate) use idem_sql::inbox::{
-    BURY, EXTEND, FAIL, INSERT, INSERT_UNLESS_BUSY, RETRY, SELECT, STORE_RESULT, STUCK, SUCCEED,
+    BURY, EXTEND, FAIL, INSERT, RETRY, SELECT, STORE_RESULT, STUCK, SUCCEED,
 };
 
 /// The statements of a migration, one by one (a prepared statement holds one command).

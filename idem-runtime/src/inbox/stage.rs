@@ -26,7 +26,7 @@ pub struct InboxStage {
     /// (PostgreSQL's `lock_timeout`) before giving up as in progress.
     lock_timeout: Option<Duration>,
     /// PostgreSQL: a concurrent delivery of the same key is in progress at once, without
-    /// waiting for it (see [`sql::INSERT_UNLESS_BUSY`]).
+    /// waiting for it (see `idem_sql::inbox::INSERT_UNLESS_BUSY`).
     unblocked: bool,
 }
 
@@ -111,9 +111,8 @@ impl InboxStage {
             Param::Null,
             Param::Int(now),
         ];
-        let statement = dialect.inbox_insert(self.unblocked);
         // Only the insert that gives way to a busy key can insert nothing and find no record.
-        let unblocked = statement == sql::INSERT_UNLESS_BUSY;
+        let (statement, unblocked) = dialect.inbox_insert(self.unblocked);
         let inserted = match DB::execute(conn, statement, &insert).await {
             Ok(n) => n,
             Err(e) if crate::backend::is_lock_timeout(&e) => {
