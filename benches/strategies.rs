@@ -335,7 +335,7 @@ macro_rules! backend {
             /// idem's SQLite statements, by hand: the UPDATE, and idem's classifying read
             /// on a miss.
             async fn idem_update(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                let sql = Order::IDEM_SQL.sqlite;
+                let sql = Order::IDEM_SQL.of(idem::Dialect::Sqlite);
                 let mut tx = begin_write(pool).await?;
                 let updated = sqlx::query(sql.update)
                     .bind(order_id)
@@ -374,7 +374,7 @@ macro_rules! backend {
                 );
                 let mut tx = begin_write(pool).await?;
                 loop {
-                    let row: Observed = sqlx::query_as(Order::IDEM_SQL.postgres.transition)
+                    let row: Observed = sqlx::query_as(Order::IDEM_SQL.of(idem::Dialect::Postgres).transition)
                         .bind(order_id)
                         .bind("CREATED")
                         .bind("PAID")

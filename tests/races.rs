@@ -41,7 +41,7 @@ async fn a_loser_blocked_by_the_winner_is_a_duplicate() {
         .unwrap();
 
     // The winner: another instance running the same transition, not yet committed.
-    let sql = Order::IDEM_SQL.postgres;
+    let sql = Order::IDEM_SQL.of(idem::Dialect::Postgres);
     let mut winner = pool.begin().await.unwrap();
     let applied: Option<i64> = sqlx::query_scalar(sql.transition)
         .bind(1i64)

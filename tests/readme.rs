@@ -28,22 +28,40 @@ fn readme_shows_the_generated_sql() {
         .collect();
     let sql = Order::IDEM_SQL;
     for (what, statement) in [
-        ("PostgreSQL transition", sql.postgres.transition),
+        (
+            "PostgreSQL transition",
+            sql.of(idem::Dialect::Postgres).transition,
+        ),
         (
             "PostgreSQL transition storing its result",
-            sql.postgres.transition_storing,
+            sql.of(idem::Dialect::Postgres).transition_storing,
         ),
-        ("SQLite transition", sql.sqlite.transition),
-        ("SQLite classification", sql.sqlite.classify),
-        ("result insert", sql.postgres.store_result),
-        ("results table", sql.postgres.create_results_table),
+        (
+            "SQLite transition",
+            sql.of(idem::Dialect::Sqlite).transition,
+        ),
+        (
+            "SQLite classification",
+            sql.of(idem::Dialect::Sqlite).classify,
+        ),
+        (
+            "result insert",
+            sql.of(idem::Dialect::Postgres).store_result,
+        ),
+        (
+            "results table",
+            sql.of(idem::Dialect::Postgres).create_results_table,
+        ),
     ] {
         assert!(
             blocks.contains(&statement),
             "README.md does not show the {what} as generated:\n{statement}"
         );
     }
-    assert_eq!(sql.postgres.store_result, sql.sqlite.store_result);
+    assert_eq!(
+        sql.of(idem::Dialect::Postgres).store_result,
+        sql.of(idem::Dialect::Sqlite).store_result
+    );
 }
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +118,7 @@ enum Account {
 #[test]
 fn readme_shows_the_watermark_sql() {
     let readme = include_str!("../README.md");
-    let update = Account::IDEM_SQL.sqlite.update_watermark;
+    let update = Account::IDEM_SQL.of(idem::Dialect::Sqlite).update_watermark;
     assert!(
         readme.contains(&format!("```sql\n{update}\n```")),
         "README.md does not show the watermark UPDATE as generated:\n{update}"
@@ -141,7 +159,7 @@ fn readme_shows_the_creation_sql() {
 #[test]
 fn readme_shows_the_composite_key_sql() {
     let readme = include_str!("../README.md");
-    let update = TenantOrder::IDEM_SQL.sqlite.transition;
+    let update = TenantOrder::IDEM_SQL.of(idem::Dialect::Sqlite).transition;
     assert!(
         readme.contains(&format!("```sql\n{update}\n```")),
         "README.md does not show the composite-key UPDATE as generated:\n{update}"
@@ -181,11 +199,11 @@ fn migrations_create_the_results_table_the_derive_describes() {
     for (migration, ddl) in [
         (
             idem::inbox::POSTGRES_MIGRATION,
-            sql.postgres.create_results_table,
+            sql.of(idem::Dialect::Postgres).create_results_table,
         ),
         (
             idem::inbox::SQLITE_MIGRATION,
-            sql.sqlite.create_results_table,
+            sql.of(idem::Dialect::Sqlite).create_results_table,
         ),
     ] {
         // The derive quotes identifiers; the migration, written by hand, does not.
@@ -223,7 +241,7 @@ fn readme_shows_the_machine_as_drawn() {
 #[test]
 fn readme_shows_the_enforcing_sql() {
     let readme = include_str!("../README.md");
-    let enforce = Order::IDEM_SQL.postgres.enforce;
+    let enforce = Order::IDEM_SQL.of(idem::Dialect::Postgres).enforce;
     assert!(
         readme.contains(&format!("```sql\n{enforce}\n```")),
         "README.md does not show the enforcing script as generated:\n{enforce}"

@@ -117,7 +117,11 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.sqlite.transition, BODY, sql.sqlite.store_result],
+        [
+            sql.of(idem::Dialect::Sqlite).transition,
+            BODY,
+            sql.of(idem::Dialect::Sqlite).store_result
+        ],
         "full log: {log:#?}"
     );
     // A duplicate on SQLite: the UPDATE matched nothing, one classifying SELECT.
@@ -125,7 +129,10 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.sqlite.transition, sql.sqlite.classify],
+        [
+            sql.of(idem::Dialect::Sqlite).transition,
+            sql.of(idem::Dialect::Sqlite).classify
+        ],
         "full log: {log:#?}"
     );
 
@@ -158,11 +165,11 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     assert_eq!(
         inside_transaction(&log),
         [
-            tenant_sql.sqlite.transition,
+            tenant_sql.of(idem::Dialect::Sqlite).transition,
             BODY,
-            tenant_sql.sqlite.store_result,
-            tenant_sql.sqlite.transition,
-            tenant_sql.sqlite.classify
+            tenant_sql.of(idem::Dialect::Sqlite).store_result,
+            tenant_sql.of(idem::Dialect::Sqlite).transition,
+            tenant_sql.of(idem::Dialect::Sqlite).classify
         ],
         "full log: {log:#?}"
     );
@@ -185,7 +192,11 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.postgres.transition, BODY, sql.postgres.store_result],
+        [
+            sql.of(idem::Dialect::Postgres).transition,
+            BODY,
+            sql.of(idem::Dialect::Postgres).store_result
+        ],
         "full log: {log:#?}"
     );
     assert_eq!(log.last().map(String::as_str), Some("COMMIT"), "{log:#?}");
@@ -193,7 +204,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.postgres.transition],
+        [sql.of(idem::Dialect::Postgres).transition],
         "full log: {log:#?}"
     );
     assert_eq!(log.last().map(String::as_str), Some("ROLLBACK"), "{log:#?}");
@@ -204,14 +215,21 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.postgres.update, BODY, sql.postgres.store_result],
+        [
+            sql.of(idem::Dialect::Postgres).update,
+            BODY,
+            sql.of(idem::Dialect::Postgres).store_result
+        ],
         "full log: {log:#?}"
     );
     assert!(!pay_postgres(&pool, 2).await.unwrap().is_applied());
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [sql.postgres.update, sql.postgres.classify],
+        [
+            sql.of(idem::Dialect::Postgres).update,
+            sql.of(idem::Dialect::Postgres).classify
+        ],
         "full log: {log:#?}"
     );
 
@@ -223,7 +241,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     loop {
         assert!(!pay_postgres(&pool, 1).await.unwrap().is_applied());
         duplicates += 1;
-        if first_statement(&take_log()) == sql.postgres.transition {
+        if first_statement(&take_log()) == sql.of(idem::Dialect::Postgres).transition {
             break;
         }
         assert!(
@@ -235,7 +253,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     loop {
         applied += 1;
         assert!(pay_postgres(&pool, 2 + applied).await.unwrap().is_applied());
-        if first_statement(&take_log()) == sql.postgres.update {
+        if first_statement(&take_log()) == sql.of(idem::Dialect::Postgres).update {
             break;
         }
         assert!(
@@ -259,9 +277,13 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         (
             idem::Classification::Inline,
             1,
-            tenant_sql.postgres.transition,
+            tenant_sql.of(idem::Dialect::Postgres).transition,
         ),
-        (idem::Classification::OnMiss, 2, tenant_sql.postgres.update),
+        (
+            idem::Classification::OnMiss,
+            2,
+            tenant_sql.of(idem::Dialect::Postgres).update,
+        ),
     ] {
         idem::set_postgres_classification(classification);
         take_log();
@@ -278,9 +300,14 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
                 .is_applied()
         );
         let log = take_log();
-        let mut expected = vec![attempt, BODY, tenant_sql.postgres.store_result, attempt];
+        let mut expected = vec![
+            attempt,
+            BODY,
+            tenant_sql.of(idem::Dialect::Postgres).store_result,
+            attempt,
+        ];
         if classification == idem::Classification::OnMiss {
-            expected.push(tenant_sql.postgres.classify);
+            expected.push(tenant_sql.of(idem::Dialect::Postgres).classify);
         }
         assert_eq!(inside_transaction(&log), expected, "full log: {log:#?}");
     }
@@ -298,20 +325,32 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         pay_stored_postgres(&pool, 201).await.unwrap(),
         Outcome::Applied(201)
     );
-    assert_eq!(take_log(), [sql.postgres.transition_storing]);
+    assert_eq!(
+        take_log(),
+        [sql.of(idem::Dialect::Postgres).transition_storing]
+    );
     assert!(!pay_stored_postgres(&pool, 201).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.postgres.transition_storing]);
+    assert_eq!(
+        take_log(),
+        [sql.of(idem::Dialect::Postgres).transition_storing]
+    );
     idem::set_postgres_classification(idem::Classification::Inline);
     assert!(pay_nothing_postgres(&pool, 202).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.postgres.transition]);
+    assert_eq!(take_log(), [sql.of(idem::Dialect::Postgres).transition]);
     idem::set_postgres_classification(idem::Classification::OnMiss);
     assert!(pay_nothing_postgres(&pool, 203).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.postgres.update]);
+    assert_eq!(take_log(), [sql.of(idem::Dialect::Postgres).update]);
     assert!(!pay_nothing_postgres(&pool, 203).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.postgres.update, sql.postgres.classify]);
+    assert_eq!(
+        take_log(),
+        [
+            sql.of(idem::Dialect::Postgres).update,
+            sql.of(idem::Dialect::Postgres).classify
+        ]
+    );
     idem::set_postgres_classification(idem::Classification::Adaptive);
     assert!(open_postgres(&pool, 301).await.unwrap().is_created());
-    assert_eq!(take_log(), [sql.postgres.create_storing]);
+    assert_eq!(take_log(), [sql.of(idem::Dialect::Postgres).create_storing]);
     assert!(matches!(
         open_postgres(&pool, 301).await.unwrap(),
         idem::Creation::Duplicate {
@@ -319,7 +358,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
             ..
         }
     ));
-    assert_eq!(take_log(), [sql.postgres.create_storing]);
+    assert_eq!(take_log(), [sql.of(idem::Dialect::Postgres).create_storing]);
 
     // On SQLite: nothing to store, the UPDATE alone in autocommit; a result to store, one
     // transaction with its INSERT.
@@ -331,13 +370,25 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         .unwrap();
     take_log();
     assert!(pay_nothing_sqlite(&lite, 1).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.sqlite.update]);
+    assert_eq!(take_log(), [sql.of(idem::Dialect::Sqlite).update]);
     assert!(!pay_nothing_sqlite(&lite, 1).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.sqlite.update, sql.sqlite.classify]);
+    assert_eq!(
+        take_log(),
+        [
+            sql.of(idem::Dialect::Sqlite).update,
+            sql.of(idem::Dialect::Sqlite).classify
+        ]
+    );
     // (sqlx does not log SQLite's BEGIN and COMMIT; tests/crashes.rs proves the two
     // statements commit together.)
     assert!(pay_stored_sqlite(&lite, 2).await.unwrap().is_applied());
-    assert_eq!(take_log(), [sql.sqlite.update, sql.sqlite.store_result]);
+    assert_eq!(
+        take_log(),
+        [
+            sql.of(idem::Dialect::Sqlite).update,
+            sql.of(idem::Dialect::Sqlite).store_result
+        ]
+    );
 
     // An idempotent HTTP request: its key record, the handler's statement, the stored
     // response, in one transaction, as a hand-written key table would take; a repeat reads

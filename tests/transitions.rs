@@ -57,10 +57,13 @@ impl From<sqlx::Error> for PayError {
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
+
+            /// Whether the backend binds `?` (MySQL) rather than `$1`.
+            const POSITIONAL: bool = $positional;
 
             /// Records the payment; declines negative amounts after writing (to prove rollback).
             #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
@@ -69,7 +72,7 @@ macro_rules! backend_tests {
                 order_id: i64,
                 amount: i64,
             ) -> Result<Receipt, PayError> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                sqlx::query(common::placed(POSITIONAL, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)"))
                     .bind(order_id)
                     .bind(amount)
                     .execute(&mut **tx)
@@ -87,7 +90,7 @@ macro_rules! backend_tests {
                 order_id: i64,
                 note: String,
             ) -> Result<Receipt, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)")
+                sqlx::query(common::placed(POSITIONAL, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)"))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -96,7 +99,7 @@ macro_rules! backend_tests {
 
             #[idem::idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
             async fn ship(tx: &mut Transaction<'_, $db>, order_id: i64) -> Result<(), sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)")
+                sqlx::query(common::placed(POSITIONAL, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)"))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -144,7 +147,7 @@ macro_rules! backend_tests {
             }
 
             async fn state(pool: &$pool, order_id: i64) -> (Option<String>, Option<i64>) {
-                sqlx::query_as("SELECT status, version FROM orders WHERE order_id = $1")
+                sqlx::query_as(common::placed(POSITIONAL, "SELECT status, version FROM orders WHERE order_id = $1"))
                     .bind(order_id)
                     .fetch_one(pool)
                     .await
@@ -152,7 +155,7 @@ macro_rules! backend_tests {
             }
 
             async fn effects(pool: &$pool, order_id: i64) -> i64 {
-                sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE order_id = $1")
+                sqlx::query_scalar(common::placed(POSITIONAL, "SELECT COUNT(*) FROM effects WHERE order_id = $1"))
                     .bind(order_id)
                     .fetch_one(pool)
                     .await
@@ -354,19 +357,29 @@ backend_tests!(
     sqlite_memory,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_memory().await)
+    Some(common::sqlite_memory().await),
+    positional = false
 );
 backend_tests!(
     sqlite_file,
     sqlx::Sqlite,
     sqlx::SqlitePool,
-    Some(common::sqlite_file(&format!("transitions-{}", common::next_id()), 4).await)
+    Some(common::sqlite_file(&format!("transitions-{}", common::next_id()), 4).await),
+    positional = false
 );
 backend_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
-    common::postgres(&format!("transitions_{}", common::next_id()), 4).await
+    common::postgres(&format!("transitions_{}", common::next_id()), 4).await,
+    positional = false
+);
+backend_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("transitions_{}", common::next_id()), 4).await,
+    positional = true
 );
 backend_tests!(
     any_sqlite,
@@ -378,13 +391,22 @@ backend_tests!(
             common::scratch_file(&format!("any-{}.db", common::next_id())).display()
         ))
         .await
-    )
+    ),
+    positional = false
 );
 backend_tests!(
     any_postgres,
     sqlx::Any,
     sqlx::AnyPool,
-    common::any_postgres(&format!("any_{}", common::next_id())).await
+    common::any_postgres(&format!("any_{}", common::next_id())).await,
+    positional = false
+);
+backend_tests!(
+    any_mysql,
+    sqlx::Any,
+    sqlx::AnyPool,
+    common::any_mysql(&format!("any_{}", common::next_id())).await,
+    positional = true
 );
 
 async fn any_pool(url: &str) -> sqlx::AnyPool {

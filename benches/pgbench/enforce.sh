@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cost of `idem::enforce` on an applied transition, with pgbench (prepared statements):
 # the same UPDATE of the state column and an insert, in one transaction, with and without
-# the CHECK and the trigger `Order::IDEM_SQL.postgres.enforce` installs, interleaved. The
+# the CHECK and the trigger `Order::IDEM_SQL.of(idem::Dialect::Postgres).enforce` installs, interleaved. The
 # UPDATE moves every row along a declared edge (CREATED <-> PAID, both declared here, so
 # the rows keep moving), as idem's transitions do.
 # Usage: benches/pgbench/enforce.sh [clients] [seconds] [rounds]   (PGHOST etc. as for psql)

@@ -29,7 +29,7 @@ use proc_macro::TokenStream;
 ///
 /// use idem::Machine;
 /// assert_eq!(Order::from_db("PAID"), Some(Order::Paid));
-/// assert!(Order::IDEM_SQL.postgres.transition.starts_with("WITH upd AS ("));
+/// assert!(Order::IDEM_SQL.of(idem::Dialect::Postgres).transition.starts_with("WITH upd AS ("));
 /// ```
 ///
 /// `#[machine(...)]` on the enum:

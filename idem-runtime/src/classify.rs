@@ -155,10 +155,7 @@ mod tests {
         states: &["CREATED", "PAID", "SHIPPED", "CANCELLED"],
         transitions: &[(0, 1), (1, 2), (0, 3)],
         reachable: &[(0, 1), (0, 2), (0, 3), (1, 2)],
-        sql: MachineSql {
-            postgres: NO_SQL,
-            sqlite: NO_SQL,
-        },
+        sql: MachineSql::new([NO_SQL; crate::Dialect::ALL.len()]),
     };
 
     fn pay() -> Transition {

@@ -228,8 +228,7 @@ impl<T: ToColumn + ?Sized> ToColumn for &T {
 #[doc(hidden)]
 pub struct SetColumns {
     assignments: &'static [Assignment<'static>],
-    postgres: OnceLock<Statements>,
-    sqlite: OnceLock<Statements>,
+    by_dialect: [OnceLock<Statements>; Dialect::ALL.len()],
 }
 
 impl SetColumns {
@@ -237,8 +236,7 @@ impl SetColumns {
     pub const fn new(assignments: &'static [Assignment<'static>]) -> Self {
         SetColumns {
             assignments,
-            postgres: OnceLock::new(),
-            sqlite: OnceLock::new(),
+            by_dialect: [const { OnceLock::new() }; Dialect::ALL.len()],
         }
     }
 
@@ -251,11 +249,8 @@ impl SetColumns {
             version: definition.version_column,
             results: definition.results_table,
         };
-        let built = match dialect {
-            Dialect::Postgres => &self.postgres,
-            Dialect::Sqlite => &self.sqlite,
-        };
-        built.get_or_init(|| dialect.statements(&names, self.assignments))
+        self.by_dialect[dialect.index()]
+            .get_or_init(|| dialect.statements(&names, self.assignments))
     }
 
     /// The columns whose values are bound, in the order of their parameters.

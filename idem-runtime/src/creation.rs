@@ -5,7 +5,7 @@
 //! the first result replayed) from a conflict (other values: the first row stays, this
 //! call is refused).
 
-use crate::backend::{Backend, Param, Record};
+use crate::backend::{Backend, Param, Record, is_duplicate};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::engine::{CallKey, Moved, Params, Setting, checked_key, key_params, replay};
 use crate::error::{Error, RowProblem};
@@ -158,7 +158,7 @@ impl<T, M> CreationPlan<T, M> {
     ) -> Result<Created<T, M>, Error<Infallible>> {
         let definition = self.machine.definition;
         let key = checked_key(&self.key, definition)?;
-        let dialect = DB::dialect(conn);
+        let dialect = DB::dialect(conn)?;
         let storing = storing.filter(|_| dialect.writes_in_cte());
         let (create, classify, create_storing, values): (&str, &str, &str, &[ColumnValue]) =
             match &self.set {
@@ -213,14 +213,29 @@ impl<T, M> CreationPlan<T, M> {
                     let mut insert = Params::default();
                     key_params(key, &mut insert);
                     insert.push(Param::State(self.state));
-                    if DB::execute(conn, create, &with_values(insert, values)).await? == 1 {
-                        reached(FaultPoint::Transitioned);
-                        return Ok(Created::Inserted(moved));
-                    }
+                    // MySQL has no `ON CONFLICT (key) DO NOTHING`: a taken key fails with the
+                    // duplicate-key error (only that statement), and so does a row another
+                    // unique index of the table refuses, told apart by the read below.
+                    let refused =
+                        match DB::execute(conn, create, &with_values(insert, values)).await {
+                            Ok(1) => {
+                                reached(FaultPoint::Transitioned);
+                                return Ok(Created::Inserted(moved));
+                            }
+                            Ok(_) => None,
+                            Err(e) if dialect.refuses_taken_keys() && is_duplicate(&e) => Some(e),
+                            Err(e) => return Err(e.into()),
+                        };
                     // The key is taken: by this very creation before, or by another.
-                    DB::fetch(conn, classify, &with_values(read(), values))
+                    let row = DB::fetch(conn, classify, &with_values(read(), values))
                         .await?
-                        .unwrap_or_default()
+                        .unwrap_or_default();
+                    match refused {
+                        Some(refused) if row.int("found").is_none_or(|n| n == 0) => {
+                            return Err(refused.into());
+                        }
+                        _ => row,
+                    }
                 }
             };
             if let Some(reply) = self.answer(row)? {

@@ -14,10 +14,12 @@ use sqlx::Pool;
 /// On PostgreSQL: a CHECK constraint `idem_<table>_<state>_declared` and a row trigger
 /// `idem_<table>_<state>_edges`, whose refusal is SQLSTATE 23514 (`check_violation`) with a
 /// message naming both states. On SQLite, which cannot add a constraint to a table, two
-/// triggers (`…_declared` on INSERT, `…_edges` on UPDATE) that abort the statement. NULL
-/// states are left to the column's own `NOT NULL`. The script is `M::IDEM_SQL.postgres.enforce`
-/// (or `.sqlite.enforce`): run it here, once at start-up (it is rerunnable: every object is
-/// dropped or replaced first), or copy it into your migrations.
+/// triggers (`…_declared` on INSERT, `…_edges` on UPDATE) that abort the statement; on
+/// MySQL and MariaDB the same two triggers, refusing with `SIGNAL SQLSTATE '23000'` (error
+/// 1644). NULL states are left to the column's own `NOT NULL`. The script is
+/// `M::IDEM_SQL.of(Dialect::Postgres).enforce` (and so on for each
+/// [`Dialect`](crate::Dialect)): run it here, once at start-up (it is rerunnable: every
+/// object is dropped or replaced first), or copy it into your migrations.
 ///
 /// Adding the CHECK fails if a row already holds an undeclared state: run
 /// [`verify`](crate::verify) first, and correct or declare what it lists. The cost on each
@@ -33,7 +35,7 @@ use sqlx::Pool;
 /// ```
 pub async fn enforce<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let (mut tx, _writer) = begin_write(pool).await?;
-    let script = M::DEFINITION.sql.of(DB::dialect(&tx)).enforce;
+    let script = M::DEFINITION.sql.of(DB::dialect(&tx)?).enforce;
     DB::execute_script(&mut tx, script).await?;
     tx.commit().await
 }

@@ -283,7 +283,7 @@ impl<M> TransitionStage<M> {
             .as_ref()
             .map_err(|e| Error::InvalidKey(e.clone()))?;
         let transition = self.transition;
-        let dialect = DB::dialect(conn);
+        let dialect = DB::dialect(conn)?;
         let set = match &self.set {
             None => None,
             Some(setting) => Some((

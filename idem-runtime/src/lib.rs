@@ -39,7 +39,7 @@ mod work;
 
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
-pub use backend::{Backend, is_transient};
+pub use backend::{Backend, Dialect, is_transient};
 pub use classification::{Classification, set_postgres_classification};
 pub use column::{ColumnProblem, ColumnType, ColumnValue, ToColumn};
 pub use conflict::is_conflict_source;

@@ -20,7 +20,7 @@ pub async fn create_results_table<M: Machine, DB: Backend>(
     pool: &Pool<DB>,
 ) -> Result<(), sqlx::Error> {
     let (mut tx, _writer) = begin_write(pool).await?;
-    let sql = M::DEFINITION.sql.of(DB::dialect(&tx));
+    let sql = M::DEFINITION.sql.of(DB::dialect(&tx)?);
     DB::execute(&mut tx, sql.create_results_table, &[]).await?;
     tx.commit().await
 }

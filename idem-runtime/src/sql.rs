@@ -4,23 +4,34 @@
 //! validated there and quoted), so it is a constant you can print, test and read in the
 //! machine's rustdoc. Every value is a bound parameter; nothing is spliced at run time.
 
-/// The statements for one machine, per backend.
+use crate::backend::Dialect;
+
+/// The statements for one machine, one set per backend ([`Dialect`]).
+///
+/// ```
+/// # use idem::{Dialect, StateMachine};
+/// # #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "order_id")]
+/// # enum Order { #[state(to(Paid))] Created, Paid }
+/// let sql = Order::IDEM_SQL.of(Dialect::MySql);
+/// assert!(sql.update.starts_with("UPDATE `orders`"));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct MachineSql {
-    /// PostgreSQL (and PostgreSQL-wire databases).
-    pub postgres: Statements,
-    /// SQLite.
-    pub sqlite: Statements,
+    by_dialect: [Statements; Dialect::ALL.len()],
 }
 
 impl MachineSql {
+    /// The statements of each dialect, in the order of [`Dialect::ALL`]
+    /// (`#[derive(StateMachine)]` builds them).
+    #[doc(hidden)]
+    pub const fn new(by_dialect: [Statements; Dialect::ALL.len()]) -> Self {
+        MachineSql { by_dialect }
+    }
+
     /// The statements of `dialect`.
-    pub fn of(&self, dialect: crate::backend::Dialect) -> &Statements {
-        use crate::backend::Dialect;
-        match dialect {
-            Dialect::Postgres => &self.postgres,
-            Dialect::Sqlite => &self.sqlite,
-        }
+    pub const fn of(&self, dialect: Dialect) -> &Statements {
+        &self.by_dialect[dialect.index()]
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, Dialect, Param};
 use crate::machine::Machine;
+use idem_sql::catalog::{ColumnsOf, TypeKind};
 use sqlx::Pool;
 use std::fmt;
 
@@ -66,7 +67,7 @@ pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaRe
     let definition = M::DEFINITION;
     let mut conn = pool.acquire().await?;
     let conn: &mut DB::Connection = &mut conn;
-    let dialect = DB::dialect(conn);
+    let dialect = DB::dialect(conn)?;
     let mut problems = Vec::new();
     let table = definition.table;
 
@@ -76,19 +77,19 @@ pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaRe
         }),
         Some(found) => {
             let mut present = |column: &str, role: ColumnRole| {
-                let kind = found.iter().find(|c| c.name == column).map(|c| &c.kind);
-                match kind {
+                let found = found.iter().find(|c| c.name == column);
+                match found {
                     None => problems.push(SchemaProblem::MissingColumn {
                         table: table.to_owned(),
                         column: column.to_owned(),
                         role,
                     }),
-                    Some(kind) if !kind.usable_as(role, dialect) => {
+                    Some(found) if !usable_as(found.kind, role) => {
                         problems.push(SchemaProblem::UnusableType {
                             table: table.to_owned(),
                             column: column.to_owned(),
                             role,
-                            found: kind.type_name().to_owned(),
+                            found: found.type_name.clone(),
                         })
                     }
                     Some(_) => return true,
@@ -117,9 +118,7 @@ pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaRe
         &mut problems,
     )
     .await?;
-    if dialect == Dialect::Postgres {
-        let sql = "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM pg_constraint \
-                   WHERE conrelid = to_regclass('idem_inbox') AND conname = 'idem_inbox_status_check'";
+    if let Some(sql) = dialect.outdated_inbox() {
         let checked = DB::fetch(conn, sql, &[]).await?;
         if checked.and_then(|r| r.int("n")).unwrap_or(0) > 0 {
             problems.push(SchemaProblem::OutdatedTable {
@@ -145,14 +144,10 @@ async fn check_rows<M: Machine, DB: Backend>(
     problems: &mut Vec<SchemaProblem>,
 ) -> Result<(), sqlx::Error> {
     let definition = M::DEFINITION;
-    let (aggregate, array) = json_functions(dialect);
-    let sql = format!(
-        "SELECT CAST(COALESCE({aggregate}({array}(s, n, nv)), '[]') AS TEXT) AS found \
-         FROM (SELECT CAST({state} AS TEXT) AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
-         FROM {table} GROUP BY {state}) AS g",
-        state = quoted(definition.state_column),
-        version = quoted(definition.version_column),
-        table = quoted(definition.table),
+    let sql = dialect.state_groups(
+        definition.table,
+        definition.state_column,
+        definition.version_column,
     );
     let found = fetch_json::<DB>(conn, &sql, &[]).await?;
     let groups: Vec<(Option<String>, i64, i64)> = serde_json::from_str(&found).map_err(decode)?;
@@ -228,61 +223,18 @@ async fn idem_table<DB: Backend>(
 /// A column as the database describes it.
 struct Column {
     name: String,
-    kind: Kind,
+    type_name: String,
+    kind: TypeKind,
 }
 
-/// What a column's type can hold, as far as idem's binding goes.
-enum Kind {
-    Integer(String),
-    Numeric(String),
-    Text(String),
-    Enum(String),
-    Uuid(String),
-    /// SQLite: any value fits any column.
-    Any(String),
-    Other(String),
-}
-
-impl Kind {
-    /// PostgreSQL: from the type's name and category (of its base type, for a domain).
-    fn postgres(name: String, category: &str) -> Kind {
-        match (name.as_str(), category) {
-            ("int2" | "int4" | "int8", _) => Kind::Integer(name),
-            ("numeric", _) => Kind::Numeric(name),
-            ("uuid", _) => Kind::Uuid(name),
-            (_, "S") => Kind::Text(name),
-            (_, "E") => Kind::Enum(name),
-            _ => Kind::Other(name),
-        }
-    }
-
-    fn usable_as(&self, role: ColumnRole, dialect: Dialect) -> bool {
-        if dialect == Dialect::Sqlite {
-            return true;
-        }
-        match role {
-            ColumnRole::Key => matches!(
-                self,
-                Kind::Integer(_) | Kind::Numeric(_) | Kind::Text(_) | Kind::Uuid(_) | Kind::Any(_)
-            ),
-            ColumnRole::State => matches!(self, Kind::Text(_) | Kind::Enum(_) | Kind::Any(_)),
-            ColumnRole::Version => {
-                matches!(self, Kind::Integer(_) | Kind::Numeric(_) | Kind::Any(_))
-            }
-            ColumnRole::Idem => true,
-        }
-    }
-
-    fn type_name(&self) -> &str {
-        match self {
-            Kind::Integer(n)
-            | Kind::Numeric(n)
-            | Kind::Text(n)
-            | Kind::Enum(n)
-            | Kind::Uuid(n)
-            | Kind::Any(n)
-            | Kind::Other(n) => n,
-        }
+/// Whether a column of type `kind` can hold what idem binds in `role` (SQLite: anything).
+fn usable_as(kind: TypeKind, role: ColumnRole) -> bool {
+    use TypeKind::*;
+    match role {
+        ColumnRole::Key => matches!(kind, Integer | Numeric | Text | Uuid | Any),
+        ColumnRole::State => matches!(kind, Text | Enum | Any),
+        ColumnRole::Version => matches!(kind, Integer | Numeric | Any),
+        ColumnRole::Idem => true,
     }
 }
 
@@ -292,25 +244,17 @@ async fn columns<DB: Backend>(
     dialect: Dialect,
     table: &str,
 ) -> Result<Option<Vec<Column>>, sqlx::Error> {
-    let quoted_table = quoted(table);
-    let (schema, name) = table.split_once('.').unwrap_or(("main", table));
-    let (found, params) = match dialect {
-        // The table as the search path resolves it; a domain's category is its base type's.
-        Dialect::Postgres => (
-            "SELECT CAST(COALESCE(json_agg(json_build_array(\
-                 a.attname, COALESCE(b.typname, t.typname), COALESCE(b.typcategory, t.typcategory))), \
-                 '[]') AS TEXT) AS found \
-             FROM pg_attribute a \
-             JOIN pg_type t ON t.oid = a.atttypid \
-             LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype \
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
-            vec![Param::Text(&quoted_table)],
-        ),
-        Dialect::Sqlite => (
-            "SELECT CAST(COALESCE(json_group_array(json_array(name, type, '')), '[]') AS TEXT) \
-             AS found FROM pragma_table_info($1, $2)",
-            vec![Param::Text(name), Param::Text(schema)],
-        ),
+    let quoted_table = dialect.quoted(table);
+    let (found, of) = dialect.columns();
+    let params = match (of, table.split_once('.')) {
+        (ColumnsOf::Quoted, _) => vec![Param::Text(&quoted_table)],
+        (ColumnsOf::NameAndSchema, Some((schema, name))) => {
+            vec![Param::Text(name), Param::Text(schema)]
+        }
+        (ColumnsOf::NameAndSchema, None) if dialect == Dialect::Sqlite => {
+            vec![Param::Text(table), Param::Text("main")]
+        }
+        (ColumnsOf::NameAndSchema, None) => vec![Param::Text(table), Param::Null],
     };
     let found = fetch_json::<DB>(conn, found, &params).await?;
     let found: Vec<(String, String, String)> = serde_json::from_str(&found).map_err(decode)?;
@@ -321,12 +265,10 @@ async fn columns<DB: Backend>(
     Ok(Some(
         found
             .into_iter()
-            .map(|(name, type_name, category)| {
-                let kind = match dialect {
-                    Dialect::Postgres => Kind::postgres(type_name, &category),
-                    Dialect::Sqlite => Kind::Any(type_name),
-                };
-                Column { name, kind }
+            .map(|(name, type_name, category)| Column {
+                name,
+                kind: dialect.type_kind(&type_name, &category),
+                type_name,
             })
             .collect(),
     ))
@@ -339,23 +281,6 @@ async fn fetch_json<DB: Backend>(
 ) -> Result<String, sqlx::Error> {
     let mut row = DB::fetch(conn, sql, params).await?.unwrap_or_default();
     Ok(row.take_text("found").unwrap_or_else(|| "[]".to_owned()))
-}
-
-/// The JSON aggregate and array constructor of each backend.
-fn json_functions(dialect: Dialect) -> (&'static str, &'static str) {
-    match dialect {
-        Dialect::Postgres => ("json_agg", "json_build_array"),
-        Dialect::Sqlite => ("json_group_array", "json_array"),
-    }
-}
-
-/// `orders` as `"orders"`, `billing.orders` as `"billing"."orders"` (the derive validated
-/// the names: letters, digits and `_`).
-fn quoted(name: &str) -> String {
-    name.split('.')
-        .map(|part| format!("\"{part}\""))
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// "1 row", "2 rows".
@@ -609,19 +534,20 @@ mod tests {
         for migration in [
             crate::inbox::POSTGRES_MIGRATION,
             crate::inbox::SQLITE_MIGRATION,
+            crate::inbox::MYSQL_MIGRATION,
         ] {
             let table = |name: &str| {
                 let start = migration
                     .find(&format!("CREATE TABLE IF NOT EXISTS {name} ("))
                     .unwrap();
-                let end = start + migration[start..].find(");").unwrap();
+                let end = start + migration[start..].find("\n)").unwrap();
                 migration[start..end].to_owned()
             };
             let columns = |ddl: String| -> Vec<String> {
                 ddl.lines()
                     .skip(1)
                     .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-                    .filter(|c| c != "PRIMARY")
+                    .filter(|c| c != "PRIMARY" && c != "KEY")
                     .collect()
             };
             assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
@@ -631,8 +557,11 @@ mod tests {
 
     #[test]
     fn names_are_quoted_per_part() {
-        assert_eq!(quoted("orders"), "\"orders\"");
-        assert_eq!(quoted("billing.orders"), "\"billing\".\"orders\"");
+        assert_eq!(Dialect::Postgres.quoted("orders"), "\"orders\"");
+        assert_eq!(
+            Dialect::MySql.quoted("billing.orders"),
+            "`billing`.`orders`"
+        );
         assert_eq!(rows(1), "1 row");
         assert_eq!(rows(0), "0 rows");
     }

@@ -329,7 +329,9 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
         let entered = match Opened::open(pool, autocommit, patience.map(|(p, _)| p)).await {
             Ok(Some((mut opened, writer))) => {
                 let conn = opened.connection();
-                span.record("db.system.name", DB::dialect(conn).system_name());
+                if let Ok(dialect) = DB::dialect(conn) {
+                    span.record("db.system.name", dialect.system_name());
+                }
                 plan.enter(conn)
                     .await
                     .map(|entered| (opened, writer, entered))
@@ -396,7 +398,9 @@ pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
 ) -> Begun<'c, DB, P::Reply> {
     let labels = plan.labels();
     let span = labels.span();
-    span.record("db.system.name", DB::dialect(conn).system_name());
+    if let Ok(dialect) = DB::dialect(conn) {
+        span.record("db.system.name", dialect.system_name());
+    }
     let begun = savepoint_in(conn, plan).instrument(span.clone()).await;
     observed::<DB, P>(&labels, span, begun)
 }

@@ -16,6 +16,8 @@ pub enum Dialect {
     Postgres,
     /// SQLite.
     Sqlite,
+    /// MySQL and MariaDB (InnoDB).
+    MySql,
 }
 
 /// What a database error means to idem, whichever backend raised it.
@@ -23,35 +25,58 @@ pub enum Dialect {
 pub enum ErrorClass {
     /// The transaction lost a conflict with a concurrent one and is gone (PostgreSQL's
     /// serialization failure 40001 and deadlock 40P01; SQLite's BUSY and LOCKED, in any
-    /// extended form): running it again from the start may succeed.
+    /// extended form; MySQL's deadlock 1213 and MariaDB's snapshot conflict 1020): running
+    /// it again from the start may succeed.
     Conflict,
-    /// A lock was not granted within the lock timeout (PostgreSQL 55P03): only that
-    /// statement failed.
+    /// A lock was not granted within the lock timeout (PostgreSQL 55P03; MySQL 1205, and
+    /// MySQL 8's `NOWAIT` 3572): only that statement failed.
     LockTimeout,
+    /// A unique index refused the row (PostgreSQL 23505; SQLite's UNIQUE and PRIMARY KEY
+    /// constraints; MySQL 1062): only that statement failed.
+    Duplicate,
     /// Anything else: the caller's to report.
     Other,
 }
 
 impl Dialect {
     /// Every backend, in a fixed order.
-    pub const ALL: [Dialect; 2] = [Dialect::Postgres, Dialect::Sqlite];
+    pub const ALL: [Dialect; 3] = [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql];
+
+    /// The position of this dialect in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        match self {
+            Dialect::Postgres => 0,
+            Dialect::Sqlite => 1,
+            Dialect::MySql => 2,
+        }
+    }
 
     /// The backend a URL scheme or a driver's name denotes (`postgres`, `postgresql`,
-    /// `sqlite`, in any case); `None` for one idem does not run on.
+    /// `sqlite`, `mysql`, `mariadb`, in any case); `None` for one idem does not run on.
     pub fn named(name: &str) -> Option<Dialect> {
         match name.to_ascii_lowercase().as_str() {
             "postgres" | "postgresql" => Some(Dialect::Postgres),
             "sqlite" => Some(Dialect::Sqlite),
+            "mysql" | "mariadb" => Some(Dialect::MySql),
             _ => None,
         }
     }
 
-    /// The database's name in OpenTelemetry's `db.system.name`.
+    /// The database's name in OpenTelemetry's `db.system.name` (MariaDB speaks MySQL's
+    /// protocol and is reported as `mysql`).
     pub fn system_name(self) -> &'static str {
         match self {
             Dialect::Postgres => "postgresql",
             Dialect::Sqlite => "sqlite",
+            Dialect::MySql => "mysql",
         }
+    }
+
+    /// Whether statements bind positionally (`?`, each use of a value bound again: MySQL),
+    /// not by number (`$1`); idem writes them numbered, and binds them through
+    /// [`positional`](crate::placeholder::positional) where this holds.
+    pub fn binds_positionally(self) -> bool {
+        matches!(self, Dialect::MySql)
     }
 
     /// The statement that opens a write transaction. SQLite must take the write lock up
@@ -59,7 +84,7 @@ impl Dialect {
     /// instead of waiting for the busy timeout.
     pub fn begin(self) -> &'static str {
         match self {
-            Dialect::Postgres => "BEGIN",
+            Dialect::Postgres | Dialect::MySql => "BEGIN",
             Dialect::Sqlite => "BEGIN IMMEDIATE",
         }
     }
@@ -70,7 +95,7 @@ impl Dialect {
     pub fn writes_in_cte(self) -> bool {
         match self {
             Dialect::Postgres => true,
-            Dialect::Sqlite => false,
+            Dialect::Sqlite | Dialect::MySql => false,
         }
     }
 
@@ -79,21 +104,35 @@ impl Dialect {
         match self {
             Dialect::Postgres => transition::postgres(names, set),
             Dialect::Sqlite => transition::sqlite(names, set),
+            Dialect::MySql => transition::mysql(names, set),
         }
     }
 
     /// What the error code `code` of this backend's driver means (PostgreSQL: the
-    /// SQLSTATE; SQLite: the extended result code, in decimal).
+    /// SQLSTATE; SQLite: the extended result code, in decimal; MySQL: the server's error
+    /// number, in decimal — its SQLSTATE is too coarse: a lock wait timeout is `HY000`).
     pub fn error(self, code: &str) -> ErrorClass {
         match self {
             Dialect::Postgres => match code {
                 "40001" | "40P01" => ErrorClass::Conflict,
                 "55P03" => ErrorClass::LockTimeout,
+                "23505" => ErrorClass::Duplicate,
                 _ => ErrorClass::Other,
             },
-            // SQLITE_BUSY (5) and SQLITE_LOCKED (6): the primary code is the low byte.
-            Dialect::Sqlite => match code.parse::<u32>().map(|code| code & 0xff) {
-                Ok(5 | 6) => ErrorClass::Conflict,
+            Dialect::Sqlite => match code.parse::<u32>() {
+                // SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE
+                Ok(1555 | 2067) => ErrorClass::Duplicate,
+                // SQLITE_BUSY (5) and SQLITE_LOCKED (6): the primary code is the low byte.
+                Ok(code) if matches!(code & 0xff, 5 | 6) => ErrorClass::Conflict,
+                _ => ErrorClass::Other,
+            },
+            Dialect::MySql => match code {
+                // ER_LOCK_DEADLOCK; ER_CHECKREAD (MariaDB 11.6+ snapshot isolation)
+                "1213" | "1020" => ErrorClass::Conflict,
+                // ER_LOCK_WAIT_TIMEOUT; ER_LOCK_NOWAIT (MySQL 8)
+                "1205" | "3572" => ErrorClass::LockTimeout,
+                // ER_DUP_ENTRY; ER_DUP_ENTRY_WITH_KEY_NAME
+                "1062" | "1586" => ErrorClass::Duplicate,
                 _ => ErrorClass::Other,
             },
         }
@@ -109,9 +148,11 @@ mod tests {
         assert_eq!(Dialect::named("PostgreSQL"), Some(Dialect::Postgres));
         assert_eq!(Dialect::named("postgres"), Some(Dialect::Postgres));
         assert_eq!(Dialect::named("SQLite"), Some(Dialect::Sqlite));
-        assert_eq!(Dialect::named("mysql"), None);
-        for dialect in Dialect::ALL {
+        assert_eq!(Dialect::named("MariaDB"), Some(Dialect::MySql));
+        assert_eq!(Dialect::named("mssql"), None);
+        for (i, dialect) in Dialect::ALL.into_iter().enumerate() {
             assert_eq!(Dialect::named(dialect.system_name()), Some(dialect));
+            assert_eq!(dialect.index(), i);
         }
     }
 
@@ -121,14 +162,26 @@ mod tests {
         assert_eq!(pg.error("40001"), ErrorClass::Conflict);
         assert_eq!(pg.error("40P01"), ErrorClass::Conflict);
         assert_eq!(pg.error("55P03"), ErrorClass::LockTimeout);
-        assert_eq!(pg.error("23505"), ErrorClass::Other);
+        assert_eq!(pg.error("23505"), ErrorClass::Duplicate);
+        assert_eq!(pg.error("23514"), ErrorClass::Other);
         let lite = Dialect::Sqlite;
         // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT (517), SQLITE_LOCKED_SHAREDCACHE (262)
         for busy in ["5", "517", "6", "262"] {
             assert_eq!(lite.error(busy), ErrorClass::Conflict, "{busy}");
         }
-        // SQLITE_CONSTRAINT_UNIQUE (2067), and a code that is no number
-        assert_eq!(lite.error("2067"), ErrorClass::Other);
+        // SQLITE_CONSTRAINT_UNIQUE (2067), SQLITE_CONSTRAINT_CHECK (275), and a code that
+        // is no number
+        assert_eq!(lite.error("2067"), ErrorClass::Duplicate);
+        assert_eq!(lite.error("275"), ErrorClass::Other);
         assert_eq!(lite.error("40001"), ErrorClass::Other);
+        let my = Dialect::MySql;
+        assert_eq!(my.error("1213"), ErrorClass::Conflict);
+        assert_eq!(my.error("1020"), ErrorClass::Conflict);
+        assert_eq!(my.error("1205"), ErrorClass::LockTimeout);
+        assert_eq!(my.error("1062"), ErrorClass::Duplicate);
+        // a SIGNAL from a trigger, a CHECK constraint, and a SQLSTATE
+        for other in ["1644", "4025", "40001"] {
+            assert_eq!(my.error(other), ErrorClass::Other, "{other}");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! Generated at compile time from the declaration (by `#[derive(StateMachine)]`), one
 //! script per backend.
 
-use crate::ident::quoted;
+use crate::dialect::Dialect;
+use crate::ident::{quoted, quoted_with};
 
 /// What the scripts are built from.
 pub struct Machine<'a> {
@@ -20,6 +21,15 @@ pub struct Machine<'a> {
 }
 
 impl Machine<'_> {
+    /// The script for `dialect`.
+    pub fn script(&self, dialect: Dialect) -> String {
+        match dialect {
+            Dialect::Postgres => self.postgres(),
+            Dialect::Sqlite => self.sqlite(),
+            Dialect::MySql => self.mysql(),
+        }
+    }
+
     /// `idem_<table>_<state>_<what>`, the name of an object of the script (a schema
     /// qualifying the table is part of the name, not of the object's schema).
     fn object(&self, what: &str) -> String {
@@ -116,6 +126,44 @@ impl Machine<'_> {
             transitions = self.edge_list(),
         )
     }
+
+    /// MySQL and MariaDB: triggers, as on SQLite (a CHECK constraint cannot be added
+    /// rerunnably on both), refusing an INSERT of an undeclared state and an UPDATE along no
+    /// declared transition with `SIGNAL SQLSTATE '23000'` (error 1644). A trigger lives in
+    /// its table's schema. Rerunnable. Each trigger is one statement of the script, its
+    /// body's `;` inside `BEGIN … END` (the server parses it; only the `mysql` client needs
+    /// `DELIMITER`).
+    pub fn mysql(&self) -> String {
+        let q = |name: &str| quoted_with(name, '`');
+        let schema = match self.table.split_once('.') {
+            Some((schema, _)) => format!("{}.", q(schema)),
+            None => String::new(),
+        };
+        let table = q(self.table);
+        let state = q(self.state);
+        let declared = format!("{schema}{}", q(&self.object("declared")));
+        let edges = format!("{schema}{}", q(&self.object("edges")));
+        let name = self.name;
+        format!(
+            "DROP TRIGGER IF EXISTS {declared};\n\
+             CREATE TRIGGER {declared} BEFORE INSERT ON {table}\n\
+             FOR EACH ROW BEGIN\n\
+             \x20   IF NEW.{state} NOT IN ({states}) THEN\n\
+             \x20       SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'idem: not a state of the state machine {name}';\n\
+             \x20   END IF;\n\
+             END;\n\
+             DROP TRIGGER IF EXISTS {edges};\n\
+             CREATE TRIGGER {edges} BEFORE UPDATE ON {table}\n\
+             FOR EACH ROW BEGIN\n\
+             \x20   IF NOT (NEW.{state} <=> OLD.{state})\n\
+             \x20      AND (OLD.{state}, NEW.{state}) NOT IN ({transitions}) THEN\n\
+             \x20       SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'idem: not a transition of the state machine {name}';\n\
+             \x20   END IF;\n\
+             END;",
+            states = self.state_list(),
+            transitions = self.edge_list(),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +187,10 @@ mod tests {
         let lite = ORDER.sqlite();
         assert!(lite.contains("WHEN NEW.\"status\" NOT IN ('CREATED', 'PAID', 'SHIPPED')"));
         assert!(lite.contains("NOT IN (VALUES ('CREATED', 'PAID'), ('PAID', 'SHIPPED'))"));
+        let my = ORDER.script(Dialect::MySql);
+        assert!(my.contains("IF NEW.`status` NOT IN ('CREATED', 'PAID', 'SHIPPED') THEN"));
+        assert!(my.contains("NOT IN (('CREATED', 'PAID'), ('PAID', 'SHIPPED')) THEN"));
+        assert!(my.contains("BEFORE UPDATE ON `orders`"));
     }
 
     #[test]

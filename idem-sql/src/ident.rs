@@ -49,8 +49,14 @@ pub fn table_name_problem(s: &str) -> Option<String> {
 /// The identifier quoted for SQL (`"orders"`, `"billing"."orders"`). Only called on names
 /// that passed validation, so they contain no quote to escape.
 pub fn quoted(s: &str) -> String {
+    quoted_with(s, '"')
+}
+
+/// The identifier quoted with `quote`: `"` in standard SQL, a backtick on MySQL
+/// (`` `billing`.`orders` ``).
+pub fn quoted_with(s: &str, quote: char) -> String {
     s.split('.')
-        .map(|part| format!("\"{part}\""))
+        .map(|part| format!("{quote}{part}{quote}"))
         .collect::<Vec<_>>()
         .join(".")
 }

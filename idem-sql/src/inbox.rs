@@ -23,11 +23,18 @@ pub const INSERT_UNLESS_BUSY: &str = "INSERT INTO idem_inbox \
         CAST(CAST(CAST('idem_inbox' AS regclass) AS oid) AS bigint))) \
     ON CONFLICT (consumer_group, message_key) DO NOTHING";
 
+/// [`INSERT`] on MySQL, which has no `ON CONFLICT`: a recorded key fails with the
+/// duplicate-key error (1062), which the runtime reads as "nothing inserted" (the primary
+/// key is the table's only unique index).
+pub const INSERT_MYSQL: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
+    VALUES ($1, $2, $3, $4, 1, $5, $6, $6)";
+
 /// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked).
 pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2";
 
-/// [`SELECT`], locking the row until the transaction ends (PostgreSQL).
+/// [`SELECT`], locking the row until the transaction ends (PostgreSQL, MySQL).
 pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 FOR UPDATE";
 
@@ -75,6 +82,12 @@ pub const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE ctid IN (\
     WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
     LIMIT $3 FOR UPDATE SKIP LOCKED)";
 
+/// One bounded batch of retention (MySQL, which deletes with a `LIMIT` directly, oldest
+/// first along the index on `updated_at`).
+pub const PURGE_MYSQL: &str = "DELETE FROM idem_inbox \
+    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    ORDER BY updated_at LIMIT $3";
+
 /// One bounded batch of retention (SQLite).
 pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
     SELECT rowid FROM idem_inbox \
@@ -82,15 +95,23 @@ pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
     LIMIT $3)";
 
 impl Dialect {
-    /// The statement that records a first delivery: [`INSERT`]; on PostgreSQL with
-    /// `unblocked`, [`INSERT_UNLESS_BUSY`] (a delivery in progress elsewhere makes it insert
-    /// nothing at once instead of waiting). The flag says which: whether inserting nothing
-    /// may also find no record (the key was busy).
+    /// The statement that records a first delivery: [`INSERT`] ([`INSERT_MYSQL`] on
+    /// MySQL); on PostgreSQL with `unblocked`, [`INSERT_UNLESS_BUSY`] (a delivery in
+    /// progress elsewhere makes it insert nothing at once instead of waiting; elsewhere the
+    /// lock timeout bounds the wait). The flag says which: whether inserting nothing may
+    /// also find no record (the key was busy).
     pub fn inbox_insert(self, unblocked: bool) -> (&'static str, bool) {
         match self {
             Dialect::Postgres if unblocked => (INSERT_UNLESS_BUSY, true),
             Dialect::Postgres | Dialect::Sqlite => (INSERT, false),
+            Dialect::MySql => (INSERT_MYSQL, false),
         }
+    }
+
+    /// Whether an insert that finds its key taken fails with the duplicate-key error
+    /// instead of inserting nothing (MySQL: no `ON CONFLICT … DO NOTHING`).
+    pub fn refuses_taken_keys(self) -> bool {
+        matches!(self, Dialect::MySql)
     }
 
     /// The read of a record that a delivery may go on to retry: locking on PostgreSQL
@@ -98,16 +119,18 @@ impl Dialect {
     /// the plain [`SELECT`]. `None` when the plain read already done suffices.
     pub fn inbox_locking_select(self) -> Option<&'static str> {
         match self {
-            Dialect::Postgres => Some(SELECT_FOR_UPDATE),
+            Dialect::Postgres | Dialect::MySql => Some(SELECT_FOR_UPDATE),
             Dialect::Sqlite => None,
         }
     }
 
-    /// One bounded batch of retention: [`PURGE_POSTGRES`] or [`PURGE_SQLITE`].
+    /// One bounded batch of retention: [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or
+    /// [`PURGE_MYSQL`].
     pub fn inbox_purge(self) -> &'static str {
         match self {
             Dialect::Postgres => PURGE_POSTGRES,
             Dialect::Sqlite => PURGE_SQLITE,
+            Dialect::MySql => PURGE_MYSQL,
         }
     }
 
@@ -118,8 +141,21 @@ impl Dialect {
         match self {
             // SET takes no parameters; the value is an integer.
             Dialect::Postgres => Some(format!("SET LOCAL lock_timeout = '{}ms'", millis.max(1))),
+            // InnoDB counts whole seconds, and has no transaction-local setting: the
+            // session's is put back by `reset_lock_timeout`.
+            Dialect::MySql => Some(format!(
+                "SET SESSION innodb_lock_wait_timeout = {}",
+                (millis.max(1) + 999) / 1000
+            )),
             Dialect::Sqlite => None,
         }
+    }
+
+    /// Whether the setting of [`set_lock_timeout`](Self::set_lock_timeout) outlives the
+    /// transaction (MySQL: a session variable), so that it must be reset whatever the
+    /// transaction does next; PostgreSQL's `SET LOCAL` ends with the transaction.
+    pub fn lock_timeout_outlives_transaction(self) -> bool {
+        matches!(self, Dialect::MySql)
     }
 
     /// The statement that puts the lock timeout back to the session's own, after
@@ -127,6 +163,7 @@ impl Dialect {
     pub fn reset_lock_timeout(self) -> Option<&'static str> {
         match self {
             Dialect::Postgres => Some("SET LOCAL lock_timeout = DEFAULT"),
+            Dialect::MySql => Some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
             Dialect::Sqlite => None,
         }
     }
@@ -151,5 +188,18 @@ mod tests {
         assert_eq!(Dialect::Sqlite.set_lock_timeout(50), None);
         assert!(Dialect::Sqlite.inbox_locking_select().is_none());
         assert!(PURGE_POSTGRES.contains("SKIP LOCKED"));
+        let my = Dialect::MySql;
+        assert_eq!(my.inbox_insert(true), (INSERT_MYSQL, false));
+        assert!(my.refuses_taken_keys() && !Dialect::Postgres.refuses_taken_keys());
+        // whole seconds, rounded up
+        assert_eq!(
+            my.set_lock_timeout(1500).as_deref(),
+            Some("SET SESSION innodb_lock_wait_timeout = 2")
+        );
+        assert_eq!(
+            my.set_lock_timeout(0).as_deref(),
+            Some("SET SESSION innodb_lock_wait_timeout = 1")
+        );
+        assert!(my.inbox_purge().contains("ORDER BY updated_at LIMIT $3"));
     }
 }

@@ -12,8 +12,10 @@
 
 #![warn(missing_docs)]
 
+pub mod catalog;
 pub mod dialect;
 pub mod enforce;
 pub mod ident;
 pub mod inbox;
+pub mod placeholder;
 pub mod transition;

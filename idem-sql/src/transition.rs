@@ -4,7 +4,7 @@
 //! parameter. The parameter positions are documented on `idem::Statements`; the values of
 //! columns a handler sets ([`Assignment`]) come after all of them.
 
-use crate::ident::quoted;
+use crate::ident::quoted_with;
 
 /// The names a machine's statements are built from.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +83,48 @@ pub struct Statements {
     pub create_storing: String,
 }
 
+/// How a backend spells what differs between backends in a transition's statements.
+struct Spelling {
+    /// The identifier quote: `"` (standard SQL), or MySQL's backtick.
+    quote: char,
+    /// The type to cast a value to text: `TEXT`, or MySQL's `CHAR`.
+    text: &'static str,
+    /// The type to cast a value to a 64-bit integer: `BIGINT`, or MySQL's `SIGNED`.
+    int: &'static str,
+    /// Null-safe equality: `IS NOT DISTINCT FROM`, SQLite's `IS`, MySQL's `<=>`.
+    same: &'static str,
+    /// What a classifying read ends with: nothing, or MySQL's `LOCK IN SHARE MODE`, so
+    /// that under REPEATABLE READ it reads the row as the UPDATE that missed it did (the
+    /// latest committed version), not the transaction's older snapshot.
+    locking: &'static str,
+    /// How an insert gives way to a row with its unique key: `ON CONFLICT (…) DO
+    /// NOTHING`, or nothing on MySQL (the runtime reads the duplicate-key error).
+    insert_unless_taken: bool,
+}
+
+const STANDARD: Spelling = Spelling {
+    quote: '"',
+    text: "TEXT",
+    int: "BIGINT",
+    same: "IS NOT DISTINCT FROM",
+    locking: "",
+    insert_unless_taken: true,
+};
+
+const SQLITE: Spelling = Spelling {
+    same: "IS",
+    ..STANDARD
+};
+
+const MYSQL: Spelling = Spelling {
+    quote: '`',
+    text: "CHAR",
+    int: "SIGNED",
+    same: "<=>",
+    locking: "\nLOCK IN SHARE MODE",
+    insert_unless_taken: false,
+};
+
 /// The quoted names, and the parameter positions: the key's columns come first
 /// (`$1` … `$k`), then the states, the machine's id, the key as text and the expected
 /// version, each one position later per extra key column.
@@ -94,10 +136,12 @@ struct Quoted {
     results: String,
     /// The columns set besides the state and the version, quoted, and what to.
     set: Vec<(String, SetTo)>,
+    spelling: &'static Spelling,
 }
 
 impl Quoted {
-    fn new(names: &Names<'_>, set: &[Assignment<'_>]) -> Self {
+    fn new(names: &Names<'_>, set: &[Assignment<'_>], spelling: &'static Spelling) -> Self {
+        let quoted = |name: &str| quoted_with(name, spelling.quote);
         Quoted {
             table: quoted(names.table),
             keys: names.key.iter().map(|k| quoted(k)).collect(),
@@ -105,6 +149,7 @@ impl Quoted {
             version: quoted(names.version),
             results: quoted(names.results),
             set: set.iter().map(|a| (quoted(a.column), a.value)).collect(),
+            spelling,
         }
     }
 
@@ -170,8 +215,9 @@ impl Quoted {
         format!(
             "LEFT JOIN {table} AS cur ON {key}\n\
              LEFT JOIN {results} AS res ON res.machine = {machine} AND res.entity_key = {text}\n\
-             \x20   AND res.from_state = CAST({from} AS TEXT) AND res.to_state = CAST({to} AS TEXT)",
+             \x20   AND res.from_state = CAST({from} AS {text_type}) AND res.to_state = CAST({to} AS {text_type})",
             key = self.key_matches("cur."),
+            text_type = self.spelling.text,
             from = self.after_key(1),
             to = self.after_key(2),
             machine = self.after_key(3),
@@ -181,10 +227,11 @@ impl Quoted {
 
     fn observed_columns(&self) -> String {
         let Quoted { state, version, .. } = self;
+        let Spelling { text, int, .. } = self.spelling;
         format!(
-            "CAST(CASE WHEN cur.{key} IS NULL THEN 0 ELSE 1 END AS BIGINT) AS found,\n\
-             \x20      CAST(cur.{state} AS TEXT) AS current_state,\n\
-             \x20      CAST(cur.{version} AS BIGINT) AS current_version,\n\
+            "CAST(CASE WHEN cur.{key} IS NULL THEN 0 ELSE 1 END AS {int}) AS found,\n\
+             \x20      CAST(cur.{state} AS {text}) AS current_state,\n\
+             \x20      CAST(cur.{version} AS {int}) AS current_version,\n\
              \x20      res.result AS first_result",
             key = self.keys[0],
         )
@@ -224,28 +271,33 @@ impl Quoted {
                 SetTo::Now => "CURRENT_TIMESTAMP".to_owned(),
             });
         }
-        format!(
+        let insert = format!(
             "INSERT INTO {table} ({})\n\
-             VALUES ({})\n\
-             ON CONFLICT ({}) DO NOTHING",
+             VALUES ({})",
             columns.join(", "),
             values.join(", "),
-            keys.join(", "),
-        )
+        );
+        if self.spelling.insert_unless_taken {
+            format!("{insert}\nON CONFLICT ({}) DO NOTHING", keys.join(", "))
+        } else {
+            insert
+        }
     }
 
     /// The classifying read of a creation that inserted nothing: the row as it is, and
     /// whether each bound column holds this creation's value (`same`: the backend's
     /// null-safe equality).
-    fn classify_created(&self, same: &str) -> String {
+    fn classify_created(&self) -> String {
+        let same = self.spelling.same;
         format!(
             "SELECT {observed},\n\
              \x20      {content}\n\
              FROM (SELECT 1) AS one\n\
-             {joins}",
+             {joins}{locking}",
             observed = self.observed_columns(),
             content = self.same_content(same, self.keys.len() + 5),
             joins = self.current_row_and_result(),
+            locking = self.spelling.locking,
         )
     }
 
@@ -264,7 +316,10 @@ impl Quoted {
         } else {
             checks.join(" AND ")
         };
-        format!("CAST(CASE WHEN {content} THEN 1 ELSE 0 END AS BIGINT) AS same_content")
+        format!(
+            "CAST(CASE WHEN {content} THEN 1 ELSE 0 END AS {int}) AS same_content",
+            int = self.spelling.int
+        )
     }
 
     /// PostgreSQL: the creation's INSERT and its first result's, as data-modifying CTEs of
@@ -298,7 +353,7 @@ impl Quoted {
             insert = self.insert_row(k + 2, k + 6),
             store = self.store_result_of("ins"),
             observed = self.observed_columns(),
-            content = self.same_content("IS NOT DISTINCT FROM", k + 6),
+            content = self.same_content(self.spelling.same, k + 6),
             joins = self.current_row_and_result(),
         )
     }
@@ -307,9 +362,10 @@ impl Quoted {
         format!(
             "SELECT {}\n\
              FROM (SELECT 1) AS one\n\
-             {}",
+             {}{}",
             self.observed_columns(),
-            self.current_row_and_result()
+            self.current_row_and_result(),
+            self.spelling.locking,
         )
     }
 
@@ -397,11 +453,42 @@ impl Quoted {
     }
 
     fn store_result(&self) -> String {
-        format!(
+        let insert = format!(
             "INSERT INTO {} (machine, entity_key, from_state, to_state, result)\n\
-             VALUES ($1, $2, $3, $4, $5)\n\
-             ON CONFLICT (machine, entity_key, from_state, to_state)\n\
-             DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP",
+             VALUES ($1, $2, $3, $4, $5)",
+            self.results
+        );
+        if self.spelling.insert_unless_taken {
+            format!(
+                "{insert}\n\
+                 ON CONFLICT (machine, entity_key, from_state, to_state)\n\
+                 DO UPDATE SET result = excluded.result, created_at = CURRENT_TIMESTAMP"
+            )
+        } else {
+            // `VALUES(col)`: MariaDB has no row alias (`AS new`); MySQL 8.0.20+ accepts it
+            // with a deprecation warning.
+            format!(
+                "{insert}\n\
+                 ON DUPLICATE KEY UPDATE result = VALUES(result), created_at = CURRENT_TIMESTAMP(6)"
+            )
+        }
+    }
+
+    /// MySQL: the results table in InnoDB, its key columns `VARCHAR` under a binary
+    /// collation (a `TEXT` key needs a prefix, and the default collations compare
+    /// case- and trailing-space-insensitively). The key's 768 characters are InnoDB's
+    /// 3072-byte limit in `utf8mb4`.
+    fn mysql_create_results_table(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (\n\
+             \x20   machine VARCHAR(128) NOT NULL,\n\
+             \x20   entity_key VARCHAR(512) NOT NULL,\n\
+             \x20   from_state VARCHAR(64) NOT NULL,\n\
+             \x20   to_state VARCHAR(64) NOT NULL,\n\
+             \x20   result LONGTEXT NOT NULL,\n\
+             \x20   created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n\
+             \x20   PRIMARY KEY (machine, entity_key, from_state, to_state)\n\
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
             self.results
         )
     }
@@ -467,7 +554,7 @@ impl Guard {
 /// `set`: the columns a handler sets besides the state and the version (none for the
 /// machine's own statements).
 pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
-    let q = Quoted::new(names, set);
+    let q = Quoted::new(names, set, &STANDARD);
     Statements {
         transition: q.postgres_transition(&Guard::Any),
         transition_guarded: q.postgres_transition(&Guard::Expected),
@@ -482,7 +569,7 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
         create: q.create(),
-        classify_created: q.classify_created("IS NOT DISTINCT FROM"),
+        classify_created: q.classify_created(),
         create_storing: q.postgres_create_storing(),
     }
 }
@@ -490,7 +577,7 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
 /// The SQLite statements: no DML in a CTE, so a miss is classified by a second statement
 /// (inside `BEGIN IMMEDIATE`, so nothing can change in between). `set` as for [`postgres`].
 pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
-    let q = Quoted::new(names, set);
+    let q = Quoted::new(names, set, &SQLITE);
     Statements {
         transition: q.plain_update(&Guard::Any),
         transition_guarded: q.plain_update(&Guard::Expected),
@@ -505,7 +592,34 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TEXT"),
         create: q.create(),
-        classify_created: q.classify_created("IS"),
+        classify_created: q.classify_created(),
+        create_storing: String::new(),
+    }
+}
+
+/// The MySQL and MariaDB statements: no `UPDATE … RETURNING` and no DML in a CTE, so a
+/// miss is classified by a second statement, a locking read (`LOCK IN SHARE MODE`: see
+/// [`Statements::classify`]); a creation is a plain INSERT whose duplicate-key error
+/// (1062) the runtime reads as a taken key. Written with numbered parameters like the
+/// others; [`positional`](crate::placeholder::positional) gives the `?` form MySQL runs.
+/// `set` as for [`postgres`].
+pub fn mysql(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
+    let q = Quoted::new(names, set, &MYSQL);
+    Statements {
+        transition: q.plain_update(&Guard::Any),
+        transition_guarded: q.plain_update(&Guard::Expected),
+        transition_storing: String::new(),
+        transition_storing_guarded: String::new(),
+        transition_watermark: q.plain_update(&Guard::Watermark),
+        transition_storing_watermark: String::new(),
+        update_watermark: q.plain_update(&Guard::Watermark),
+        update: q.plain_update(&Guard::Any),
+        update_guarded: q.plain_update(&Guard::Expected),
+        classify: q.classify(),
+        store_result: q.store_result(),
+        create_results_table: q.mysql_create_results_table(),
+        create: q.create(),
+        classify_created: q.classify_created(),
         create_storing: String::new(),
     }
 }

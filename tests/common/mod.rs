@@ -111,6 +111,111 @@ pub async fn any_postgres(name: &str) -> Option<sqlx::AnyPool> {
     Some(pool)
 }
 
+/// [`TABLES`] for MySQL and MariaDB: a text key is a `VARCHAR` (InnoDB indexes no whole
+/// `TEXT`) under a binary collation, compared byte for byte as on the other backends.
+pub const MYSQL_TABLES: &str = "
+    CREATE TABLE orders (
+        order_id BIGINT PRIMARY KEY,
+        status VARCHAR(32),
+        version BIGINT DEFAULT 0
+    );
+    CREATE TABLE effects (
+        order_id BIGINT NOT NULL,
+        kind VARCHAR(32) NOT NULL,
+        amount BIGINT NOT NULL
+    );
+    CREATE TABLE text_orders (
+        code VARCHAR(255) COLLATE utf8mb4_bin PRIMARY KEY,
+        state VARCHAR(32) NOT NULL,
+        version BIGINT NOT NULL DEFAULT 0
+    );
+";
+
+/// The MySQL (MariaDB) URL, or `None` (test skipped) when it is unset and servers are
+/// optional.
+pub fn mysql_url() -> Option<String> {
+    match std::env::var("IDEM_TEST_MYSQL_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if require_servers() => {
+            panic!(
+                "IDEM_TEST_MYSQL_URL is not set, and IDEM_TEST_REQUIRE_SERVERS=1 forbids skipping"
+            )
+        }
+        _ => {
+            eprintln!("skipped: set IDEM_TEST_MYSQL_URL to run the MySQL tests");
+            None
+        }
+    }
+}
+
+/// The URL of a fresh database `idem_test_{name}` (dropped and recreated) on the MySQL
+/// server, holding [`MYSQL_TABLES`].
+pub async fn mysql_database(name: &str) -> Option<String> {
+    let url = mysql_url()?;
+    let database = format!("idem_test_{name}");
+    let mut admin: sqlx::MySqlConnection = sqlx::Connection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to IDEM_TEST_MYSQL_URL={url}: {e}"));
+    sqlx::raw_sql(&format!(
+        "DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}; USE {database}; {MYSQL_TABLES}"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    drop(admin);
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url.as_str(), String::new()),
+    };
+    let base = base.rsplit_once('/').map_or(base, |(server, _)| server);
+    Some(format!("{base}/{database}{query}"))
+}
+
+/// A pool on a fresh database `name` holding [`MYSQL_TABLES`].
+pub async fn mysql(name: &str, max_connections: u32) -> Option<sqlx::MySqlPool> {
+    let url = mysql_database(name).await?;
+    Some(
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&url)
+            .await
+            .unwrap(),
+    )
+}
+
+/// An `sqlx::Any` pool on a fresh MySQL database `name` holding [`MYSQL_TABLES`].
+pub async fn any_mysql(name: &str) -> Option<sqlx::AnyPool> {
+    let url = mysql_database(name).await?;
+    sqlx::any::install_default_drivers();
+    Some(
+        sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A statement of a test's own, as the backend binds it: unchanged where parameters are
+/// numbered (`$1`), or with `?` placeholders on MySQL (`positional`), each `$n` in order.
+pub fn placed(positional: bool, sql: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    if !positional {
+        return sql;
+    }
+    static PLACED: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
+    let mut placed = PLACED.get_or_init(Default::default).lock().unwrap();
+    placed.entry(sql).or_insert_with(|| {
+        let p = idem_sql::placeholder::positional(sql);
+        assert!(
+            p.order.iter().enumerate().all(|(i, n)| i == *n),
+            "a test statement uses its parameters out of order: {sql}"
+        );
+        Box::leak(p.text.into_owned().into_boxed_str())
+    })
+}
+
 /// A single-connection pool on a private in-memory SQLite database holding [`TABLES`].
 pub async fn sqlite_memory() -> SqlitePool {
     let pool = SqlitePoolOptions::new()

@@ -3,8 +3,10 @@
 
 use super::check::Checked;
 use super::graph;
+use idem_sql::dialect::Dialect;
 use idem_sql::enforce;
-use idem_sql::transition::{self as sql, Names, Statements};
+use idem_sql::placeholder::positional;
+use idem_sql::transition::{Names, Statements};
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -21,8 +23,7 @@ pub fn expand(m: &Checked) -> TokenStream {
         version,
         results,
     };
-    let postgres = sql::postgres(&names, &[]);
-    let sqlite = sql::sqlite(&names, &[]);
+    let statements = Dialect::ALL.map(|dialect| dialect.statements(&names, &[]));
     let state_names = m.states.iter().map(|(_, n)| n);
     let variants_by_index = m
         .states
@@ -44,10 +45,12 @@ pub fn expand(m: &Checked) -> TokenStream {
         states: &state_db_names,
         transitions: &m.transitions,
     };
-    let (enforce_postgres, enforce_sqlite) = (enforced.postgres(), enforced.sqlite());
-    let postgres_tokens = statements_tokens(&postgres, &enforce_postgres);
-    let sqlite_tokens = statements_tokens(&sqlite, &enforce_sqlite);
-    let doc = sql_doc(m, &postgres, &sqlite, &enforce_postgres);
+    let scripts = Dialect::ALL.map(|dialect| enforced.script(dialect));
+    let per_dialect = statements
+        .iter()
+        .zip(&scripts)
+        .map(|(s, enforce)| statements_tokens(s, enforce));
+    let doc = sql_doc(m, &statements, &scripts);
     let picture = graph::svg(&name, &state_db_names, &m.transitions);
     let graph_doc = graph_doc(m, &picture);
     quote! {
@@ -64,10 +67,7 @@ pub fn expand(m: &Checked) -> TokenStream {
                     states: &[#(#state_names),*],
                     transitions: &[#(#transitions),*],
                     reachable: &[#(#reachable),*],
-                    sql: ::idem::MachineSql {
-                        postgres: #postgres_tokens,
-                        sqlite: #sqlite_tokens,
-                    },
+                    sql: ::idem::MachineSql::new([#(#per_dialect),*]),
                 };
 
                 fn from_index(index: usize) -> Self {
@@ -122,13 +122,14 @@ pub fn fallback(input: &syn::DeriveInput) -> TokenStream {
         enforce: "",
     });
     let name = ident.to_string();
+    let empties = Dialect::ALL.map(|_| &empty);
     quote! {
         const _: () = {
             impl ::idem::Machine for #ident {
                 const DEFINITION: &'static ::idem::Definition = &::idem::Definition {
                     name: #name, id: "", table: "", key_columns: &[], state_column: "", version_column: "",
                     results_table: "", states: &[], transitions: &[], reachable: &[],
-                    sql: ::idem::MachineSql { postgres: #empty, sqlite: #empty },
+                    sql: ::idem::MachineSql::new([#(#empties),*]),
                 };
                 fn from_index(_: usize) -> Self { ::core::unreachable!() }
                 fn index(self) -> usize { ::core::unreachable!() }
@@ -193,7 +194,12 @@ fn graph_doc(m: &Checked, picture: &str) -> String {
     )
 }
 
-fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &str) -> String {
+fn sql_doc(m: &Checked, statements: &[Statements], scripts: &[String]) -> String {
+    let postgres = &statements[Dialect::Postgres.index()];
+    let sqlite = &statements[Dialect::Sqlite.index()];
+    let mysql = &statements[Dialect::MySql.index()];
+    let enforce = &scripts[Dialect::Postgres.index()];
+    let runs = |sql: &str| positional(sql).text.into_owned();
     let states = m
         .states
         .iter()
@@ -248,7 +254,11 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
          # PostgreSQL, a handler without a transaction\n\n\
          One autocommit statement moves the row and stores the first result (`${result}`, \
          JSON) in the same statement, or reports the row as above:\n\n```sql\n{pg_storing}\n```\n\n\
-         # Both\n\n\
+         # MySQL and MariaDB\n\n\
+         The same plain UPDATE and, after a miss, a locking read (so that under REPEATABLE READ \
+         it sees the row the UPDATE saw, not an older snapshot); each `$n` is bound as a `?` \
+         of its own:\n\n```sql\n{my}\n```\n\n```sql\n{my_classify}\n```\n\n\
+         # After the body\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
          The results table (PostgreSQL):\n\n```sql\n{create}\n```\n\n\
          # Creating a row\n\n\
@@ -277,6 +287,8 @@ fn sql_doc(m: &Checked, postgres: &Statements, sqlite: &Statements, enforce: &st
         lite = sqlite.transition,
         lite_watermark = sqlite.update_watermark,
         classify = sqlite.classify,
+        my = runs(&mysql.transition),
+        my_classify = runs(&mysql.classify),
         store = postgres.store_result,
         create = postgres.create_results_table,
         insert = postgres.create,

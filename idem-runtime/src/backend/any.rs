@@ -32,9 +32,23 @@ impl generic::Bind for Any {
 }
 
 fn unsupported(name: &str) -> sqlx::Error {
-    sqlx::Error::Configuration(
-        format!("idem runs on SQLite and PostgreSQL; this `sqlx::Any` pool is {name}").into(),
-    )
+    let message = match Dialect::named(name) {
+        Some(_) => format!(
+            "this `sqlx::Any` connection is {name}: enable idem's `{}` feature to run on it",
+            name.to_ascii_lowercase()
+        ),
+        None => format!(
+            "idem runs on SQLite, PostgreSQL and MySQL; this `sqlx::Any` connection is {name}"
+        ),
+    };
+    sqlx::Error::Configuration(message.into())
+}
+
+/// The dialect named by a URL scheme or a driver's name, if this build runs on it.
+fn dialect_named(name: &str) -> Result<Dialect, sqlx::Error> {
+    Dialect::named(name)
+        .filter(|dialect| super::runs_on_any(*dialect))
+        .ok_or_else(|| unsupported(name))
 }
 
 impl Backend for Any {
@@ -42,10 +56,7 @@ impl Backend for Any {
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
         let scheme = pool.connect_options().database_url.scheme().to_owned();
-        async move {
-            let dialect = Dialect::named(&scheme).ok_or_else(|| unsupported(&scheme))?;
-            pool.begin_with(dialect.begin()).await
-        }
+        async move { pool.begin_with(dialect_named(&scheme)?.begin()).await }
     }
 
     fn writer_queue(pool: &Pool<Self>) -> Option<Database> {
@@ -55,29 +66,30 @@ impl Backend for Any {
     }
 
     fn pool_dialect(pool: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
-        let scheme = pool.connect_options().database_url.scheme().to_owned();
-        Dialect::named(&scheme).ok_or_else(|| unsupported(&scheme))
+        dialect_named(pool.connect_options().database_url.scheme())
     }
 
-    fn dialect(conn: &AnyConnection) -> Dialect {
-        // Only reached inside a transaction begun above, which refused other backends.
-        Dialect::named(conn.backend_name()).unwrap_or(Dialect::Postgres)
+    fn dialect(conn: &AnyConnection) -> Result<Dialect, sqlx::Error> {
+        dialect_named(conn.backend_name())
     }
 
-    fn fetch<'a>(
-        conn: &'a mut AnyConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<Any>(conn, sql, params)
+    async fn fetch(
+        conn: &mut AnyConnection,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let dialect = Any::dialect(conn)?;
+        generic::fetch::<Any>(conn, dialect, sql, params).await
     }
 
-    fn execute<'a>(
-        conn: &'a mut AnyConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        generic::execute::<Any>(conn, sql, params, sqlx::any::AnyQueryResult::rows_affected)
+    async fn execute(
+        conn: &mut AnyConnection,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        let dialect = Any::dialect(conn)?;
+        let rows_affected = sqlx::any::AnyQueryResult::rows_affected;
+        generic::execute::<Any>(conn, dialect, sql, params, rows_affected).await
     }
 
     async fn execute_script(conn: &mut AnyConnection, sql: &str) -> Result<(), sqlx::Error> {

@@ -1,11 +1,14 @@
 //! The two primitives every backend provides, written once over sqlx's generic API.
 
-use super::{Param, Record, Value};
+use super::{Dialect, Param, Record, Value};
+use idem_sql::placeholder::positional;
 use sqlx::{Column, Database, Decode, Executor, IntoArguments, Row, Type, ValueRef};
+use std::borrow::Cow;
 
 /// Runs `sql` with `params` and decodes the first row, if any, into a [`Record`].
 pub(super) async fn fetch<'a, DB>(
     conn: &'a mut DB::Connection,
+    dialect: Dialect,
     sql: &'a str,
     params: &'a [Param<'a>],
 ) -> Result<Option<Record>, sqlx::Error>
@@ -15,9 +18,11 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     i64: for<'r> Decode<'r, DB> + Type<DB>,
     String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let Some(row) = prepare::<DB>(sql, params)
+    let (sql, params) = placed(dialect, sql, params)?;
+    let Some(row) = prepare::<DB>(&sql, &params)
         .fetch_optional(&mut *conn)
         .await?
     else {
@@ -33,8 +38,18 @@ where
             Value::Null
         } else if <i64 as Type<DB>>::compatible(&raw.type_info()) {
             Value::Int(row.try_get(i)?)
-        } else {
+        } else if <String as Type<DB>>::compatible(&raw.type_info()) {
             Value::Text(row.try_get(i)?)
+        } else {
+            // Text the driver reports as binary (MySQL flags a column of a `_bin`
+            // collation so): its bytes, which must be UTF-8.
+            let bytes: Vec<u8> = row.try_get(i)?;
+            Value::Text(
+                String::from_utf8(bytes).map_err(|e| sqlx::Error::ColumnDecode {
+                    index: column.name().to_owned(),
+                    source: Box::new(e),
+                })?,
+            )
         };
         record.values.push((column.name().to_owned(), value));
     }
@@ -44,6 +59,7 @@ where
 /// Runs `sql` with `params`; the number of rows it affected.
 pub(super) async fn execute<'a, DB>(
     conn: &'a mut DB::Connection,
+    dialect: Dialect,
     sql: &'a str,
     params: &'a [Param<'a>],
     rows_affected: fn(&DB::QueryResult) -> u64,
@@ -53,8 +69,37 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
-    let done = prepare::<DB>(sql, params).execute(&mut *conn).await?;
+    let (sql, params) = placed(dialect, sql, params)?;
+    let done = prepare::<DB>(&sql, &params).execute(&mut *conn).await?;
     Ok(rows_affected(&done))
+}
+
+/// The statement as `dialect` runs it, and its parameters in the order it binds them:
+/// numbered (`$n`) as written, or positional (`?`, MySQL), each use of a value bound again.
+#[allow(clippy::type_complexity)]
+fn placed<'s, 'a>(
+    dialect: Dialect,
+    sql: &'s str,
+    params: &'a [Param<'a>],
+) -> Result<(Cow<'s, str>, Cow<'a, [Param<'a>]>), sqlx::Error> {
+    if !dialect.binds_positionally() {
+        return Ok((Cow::Borrowed(sql), Cow::Borrowed(params)));
+    }
+    let placed = positional(sql);
+    let bound = placed
+        .order
+        .iter()
+        .map(|&n| {
+            params.get(n).copied().ok_or_else(|| {
+                sqlx::Error::Protocol(format!(
+                    "idem: a statement uses ${} but binds {} parameters",
+                    n + 1,
+                    params.len()
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((placed.text, Cow::Owned(bound)))
 }
 
 /// A query being built, on backend `DB`.

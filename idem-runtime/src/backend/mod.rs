@@ -3,13 +3,20 @@
 //! All backends share one generic implementation ([`generic`]); a backend only says
 //! which [`Dialect`] of the generated SQL it speaks and how a write transaction begins.
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "any"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "any"
+))]
 mod generic;
 
 mod writers;
 
 #[cfg(feature = "any")]
 mod any;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -24,8 +31,9 @@ use core::future::Future;
 use sqlx::{Pool, Transaction};
 
 /// A database idem can run transitions on: `sqlx::Sqlite` (feature `sqlite`),
-/// `sqlx::Postgres` (feature `postgres`) and `sqlx::Any` (feature `any`: the backend is
-/// chosen at run time from the URL).
+/// `sqlx::Postgres` (feature `postgres`), `sqlx::MySql` (feature `mysql`: MySQL and
+/// MariaDB) and `sqlx::Any` (feature `any`: the backend is chosen at run time from the
+/// URL; on MySQL it also needs the feature `mysql`).
 ///
 /// SQLite transactions begin with `BEGIN IMMEDIATE`. Build SQLite pools with
 /// [`sqlite_options`](crate::sqlite_options) (WAL, busy timeout). An `sqlx::Any` pool is
@@ -44,8 +52,10 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn writer_queue(pool: &Pool<Self>) -> Option<Database>;
 
+    /// The dialect a connection speaks (`sqlx::Any`: an error for a backend idem does not
+    /// run on).
     #[doc(hidden)]
-    fn dialect(conn: &Self::Connection) -> Dialect;
+    fn dialect(conn: &Self::Connection) -> Result<Dialect, sqlx::Error>;
 
     /// The dialect of the pool's connections, before taking one (`sqlx::Any`: from the
     /// URL; an error for a backend idem does not run on).
@@ -147,7 +157,6 @@ mod sealed {
 
 /// Which backend a connection speaks: its statements, its BEGIN, its error codes
 /// (`idem_sql::dialect`, the one place they are written down).
-#[doc(hidden)]
 pub use idem_sql::dialect::Dialect;
 use idem_sql::dialect::ErrorClass;
 
@@ -199,6 +208,27 @@ pub(crate) async fn acquire_write<DB: Backend>(
     Ok(Some((pool.acquire().await?, writer)))
 }
 
+/// Runs an INSERT that gives way to a row with its unique key: the rows it inserted, 0
+/// when the key is taken. Where the dialect has no `ON CONFLICT … DO NOTHING` (MySQL), the
+/// statement fails on a taken key with the duplicate-key error, read here as 0: only for
+/// a table whose one unique index is that key (idem's own).
+pub(crate) async fn insert_unless_taken<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, sqlx::Error> {
+    match DB::execute(conn, sql, params).await {
+        Err(e) if dialect.refuses_taken_keys() && is_duplicate(&e) => Ok(0),
+        done => done,
+    }
+}
+
+/// Whether a unique index refused the row (only that statement failed).
+pub(crate) fn is_duplicate(error: &sqlx::Error) -> bool {
+    error_class(error) == ErrorClass::Duplicate
+}
+
 /// Whether a retry of the whole transaction may succeed: serialization failures and
 /// deadlocks (PostgreSQL 40001, 40P01), a busy or locked SQLite database, a lost
 /// connection, an exhausted pool.
@@ -230,7 +260,7 @@ fn error_class(error: &sqlx::Error) -> ErrorClass {
         return ErrorClass::Other;
     };
     match raised_by(db.as_ref(), &code) {
-        Some(dialect) => dialect.error(&code),
+        Some((dialect, code)) => dialect.error(&code),
         None => ErrorClass::Other,
     }
 }
@@ -239,15 +269,32 @@ fn error_class(error: &sqlx::Error) -> ErrorClass {
 /// driver's own error on). A driver this build does not know (an `sqlx::Any` pool on
 /// PostgreSQL without idem's `postgres` feature) is told by its code: a SQLSTATE has five
 /// characters, and SQLite's result codes are numbers below 10000.
-fn raised_by(error: &dyn sqlx::error::DatabaseError, code: &str) -> Option<Dialect> {
+fn raised_by<'c>(
+    error: &dyn sqlx::error::DatabaseError,
+    code: &'c str,
+) -> Option<(Dialect, std::borrow::Cow<'c, str>)> {
     #[cfg(feature = "postgres")]
     if postgres::raised(error) {
-        return Some(Dialect::Postgres);
+        return Some((Dialect::Postgres, code.into()));
     }
     #[cfg(feature = "sqlite")]
     if sqlite::raised(error) {
-        return Some(Dialect::Sqlite);
+        return Some((Dialect::Sqlite, code.into()));
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(number) = mysql::raised(error) {
+        return Some((Dialect::MySql, number.to_string().into()));
     }
     let _ = error;
-    (code.len() == 5).then_some(Dialect::Postgres)
+    (code.len() == 5).then_some((Dialect::Postgres, code.into()))
+}
+
+/// Whether this build runs on `dialect` through `sqlx::Any`: PostgreSQL and SQLite
+/// always; MySQL with the feature `mysql`, which reads its error numbers.
+#[cfg_attr(not(feature = "any"), allow(dead_code))]
+pub(crate) fn runs_on_any(dialect: Dialect) -> bool {
+    match dialect {
+        Dialect::Postgres | Dialect::Sqlite => true,
+        Dialect::MySql => cfg!(feature = "mysql"),
+    }
 }

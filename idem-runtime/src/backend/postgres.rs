@@ -60,8 +60,8 @@ impl Backend for Postgres {
         None
     }
 
-    fn dialect(_: &PgConnection) -> Dialect {
-        Dialect::Postgres
+    fn dialect(_: &PgConnection) -> Result<Dialect, sqlx::Error> {
+        Ok(Dialect::Postgres)
     }
 
     fn pool_dialect(_: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
@@ -73,7 +73,7 @@ impl Backend for Postgres {
         sql: &'a str,
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<Postgres>(conn, sql, params)
+        generic::fetch::<Postgres>(conn, Dialect::Postgres, sql, params)
     }
 
     fn execute<'a>(
@@ -83,6 +83,7 @@ impl Backend for Postgres {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         generic::execute::<Postgres>(
             conn,
+            Dialect::Postgres,
             sql,
             params,
             sqlx::postgres::PgQueryResult::rows_affected,

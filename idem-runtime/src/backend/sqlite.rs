@@ -28,8 +28,8 @@ impl Backend for Sqlite {
         Some(Database::of_file(pool.connect_options().get_filename()))
     }
 
-    fn dialect(_: &SqliteConnection) -> Dialect {
-        Dialect::Sqlite
+    fn dialect(_: &SqliteConnection) -> Result<Dialect, sqlx::Error> {
+        Ok(Dialect::Sqlite)
     }
 
     fn pool_dialect(_: &Pool<Self>) -> Result<Dialect, sqlx::Error> {
@@ -41,7 +41,7 @@ impl Backend for Sqlite {
         sql: &'a str,
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<Sqlite>(conn, sql, params)
+        generic::fetch::<Sqlite>(conn, Dialect::Sqlite, sql, params)
     }
 
     fn execute<'a>(
@@ -51,6 +51,7 @@ impl Backend for Sqlite {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         generic::execute::<Sqlite>(
             conn,
+            Dialect::Sqlite,
             sql,
             params,
             sqlx::sqlite::SqliteQueryResult::rows_affected,

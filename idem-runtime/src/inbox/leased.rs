@@ -6,7 +6,7 @@
 use super::counters::Counter;
 use super::record::{self, Found};
 use super::{Claimed, Delivery, Inbox, Lease, MessageKey, sql};
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::Codec;
@@ -58,71 +58,42 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
     }
 
     async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Claim<T>>, Error<Infallible>> {
-        let inbox = self.inbox;
-        let lock_timeout = inbox
+        let dialect = DB::dialect(tx)?;
+        let lock_timeout = self
+            .inbox
             .lock_timeout
-            .and_then(|timeout| DB::dialect(tx).set_lock_timeout(millis(timeout)));
+            .and_then(|timeout| dialect.set_lock_timeout(millis(timeout)));
         if let Some(set) = &lock_timeout {
-            // The transaction ends right after the claim, so the setting ends with it.
             DB::execute(tx, set, &[]).await?;
         }
-        let now = inbox.clock.now_millis();
-        let lease_until = now.saturating_add(millis(inbox.lease));
-        let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
-        let insert = [
-            group,
-            message,
-            Param::Text(&self.fingerprint),
-            Param::Text(record::PROCESSING),
-            Param::Int(lease_until),
-            Param::Int(now),
-        ];
-        let inserted = match DB::execute(tx, sql::INSERT, &insert).await {
-            Ok(n) => n,
-            Err(e) if crate::backend::is_lock_timeout(&e) => {
-                return Ok(Self::done(
-                    Claimed::Done(inbox.in_progress(None)),
-                    None,
-                    false,
-                ));
+        let step = self.claim::<DB>(tx, dialect).await;
+        // The transaction ends right after the claim, and with it PostgreSQL's setting;
+        // MySQL's is the session's, put back whatever happened.
+        let outlives = dialect.lock_timeout_outlives_transaction();
+        if let (Some(_), Some(reset), true) =
+            (&lock_timeout, dialect.reset_lock_timeout(), outlives)
+        {
+            match &step {
+                Ok(_) => DB::execute(tx, reset, &[]).await.map(drop)?,
+                Err(_) => drop(DB::execute(tx, reset, &[]).await),
             }
-            Err(e) => return Err(e.into()),
-        };
-        if inserted == 1 {
-            let lease = inbox.lease_of(self.key, 1, lease_until);
-            return Ok(Self::done(Claimed::Work(lease), None, true));
         }
-        Ok(
-            match inbox.found::<DB>(tx, self.key, &self.fingerprint).await? {
-                Found::Retry { attempts, .. } if attempts >= inbox.max_attempts => {
-                    // The last attempt died with its lease (a crash): park the message.
-                    DB::execute(tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
-                    let dead = Delivery::Dead {
-                        attempts,
-                        last_error: Some("the lease of the last attempt expired".into()),
-                    };
-                    Self::done(Claimed::Done(dead), Some(Counter::Dead), true)
-                }
-                Found::Retry { attempts, takeover } => {
-                    let params = [
-                        group,
-                        message,
-                        Param::Text(record::PROCESSING),
-                        Param::Int(lease_until),
-                        Param::Int(now),
-                        Param::Int(attempts),
-                    ];
-                    DB::execute(tx, sql::RETRY, &params).await?;
-                    let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
-                    let event = takeover.then_some(Counter::Takeovers);
-                    Self::done(Claimed::Work(lease), event, true)
-                }
-                Found::Ended(ended) => {
-                    let delivery = inbox.ended(self.codec, self.key, ended)?;
-                    Self::done(Claimed::Done(delivery), None, false)
-                }
-            },
-        )
+        let inbox = self.inbox;
+        Ok(match step? {
+            Step::Work(lease, event) => Self::done(Claimed::Work(lease), event, true),
+            Step::InProgress => Self::done(Claimed::Done(inbox.in_progress(None)), None, false),
+            Step::Dead(attempts) => {
+                let dead = Delivery::Dead {
+                    attempts,
+                    last_error: Some("the lease of the last attempt expired".into()),
+                };
+                Self::done(Claimed::Done(dead), Some(Counter::Dead), true)
+            }
+            Step::Ended(ended) => {
+                let delivery = inbox.ended(self.codec, self.key, ended)?;
+                Self::done(Claimed::Done(delivery), None, false)
+            }
+        })
     }
 
     fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
@@ -156,6 +127,74 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
             Claimed::Work(_) => reached(FaultPoint::Claimed),
             Claimed::Done(delivery) => self.inbox.count(delivery, false),
         }
+    }
+}
+
+/// What a claim did, before a stored result is decoded: nothing here holds a `T`, so it
+/// can wait for the lock timeout's reset.
+enum Step {
+    /// This delivery holds the lease.
+    Work(Lease, Option<Counter>),
+    /// Another delivery holds the key's row lock.
+    InProgress,
+    /// Parked after its last allowed attempt.
+    Dead(i64),
+    /// The message ended before.
+    Ended(record::Ended),
+}
+
+impl<T> ClaimPlan<'_, T> {
+    /// The claim itself, under the lock timeout [`enter`](Plan::enter) set.
+    async fn claim<DB: Backend>(
+        &self,
+        tx: &mut DB::Connection,
+        dialect: crate::backend::Dialect,
+    ) -> Result<Step, Error<Infallible>> {
+        let inbox = self.inbox;
+        let now = inbox.clock.now_millis();
+        let lease_until = now.saturating_add(millis(inbox.lease));
+        let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
+        let insert = [
+            group,
+            message,
+            Param::Text(&self.fingerprint),
+            Param::Text(record::PROCESSING),
+            Param::Int(lease_until),
+            Param::Int(now),
+        ];
+        let (statement, _) = dialect.inbox_insert(false);
+        let inserted = match insert_unless_taken::<DB>(tx, dialect, statement, &insert).await {
+            Ok(n) => n,
+            Err(e) if crate::backend::is_lock_timeout(&e) => return Ok(Step::InProgress),
+            Err(e) => return Err(e.into()),
+        };
+        if inserted == 1 {
+            let lease = inbox.lease_of(self.key, 1, lease_until);
+            return Ok(Step::Work(lease, None));
+        }
+        Ok(
+            match inbox.found::<DB>(tx, self.key, &self.fingerprint).await? {
+                Found::Retry { attempts, .. } if attempts >= inbox.max_attempts => {
+                    // The last attempt died with its lease (a crash): park the message.
+                    DB::execute(tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
+                    Step::Dead(attempts)
+                }
+                Found::Retry { attempts, takeover } => {
+                    let params = [
+                        group,
+                        message,
+                        Param::Text(record::PROCESSING),
+                        Param::Int(lease_until),
+                        Param::Int(now),
+                        Param::Int(attempts),
+                    ];
+                    DB::execute(tx, sql::RETRY, &params).await?;
+                    let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
+                    Step::Work(lease, takeover.then_some(Counter::Takeovers))
+                }
+                Found::Ended(ended) => Step::Ended(ended),
+            },
+        )
     }
 }
 

@@ -42,10 +42,10 @@ mod stage;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
 pub use key::{AsMessageKey, MessageKey};
-pub use sql::{POSTGRES_MIGRATION, SQLITE_MIGRATION};
+pub use sql::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::{Backend, Dialect, Param, begin_write};
+use crate::backend::{Backend, Param, begin_write};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
@@ -632,14 +632,11 @@ pub(crate) fn fingerprint(payload: &[u8]) -> String {
 }
 
 /// Creates idem's tables (the default results table and the inbox) if they do not
-/// exist: [`SQLITE_MIGRATION`] or [`POSTGRES_MIGRATION`], statement by statement.
+/// exist: [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or [`MYSQL_MIGRATION`], statement
+/// by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let (mut tx, _writer) = begin_write(pool).await?;
-    let migration = match DB::dialect(&tx) {
-        Dialect::Postgres => POSTGRES_MIGRATION,
-        Dialect::Sqlite => SQLITE_MIGRATION,
-    };
-    for statement in sql::statements(migration) {
+    for statement in sql::statements(sql::migration(DB::dialect(&tx)?)) {
         DB::execute(&mut tx, statement, &[]).await?;
     }
     tx.commit().await

@@ -38,7 +38,7 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
     }
 
     async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Purged>, Error<Infallible>> {
-        let statement = DB::dialect(tx).inbox_purge();
+        let statement = DB::dialect(tx)?.inbox_purge();
         let params = [
             Param::Text(&self.inbox.group),
             Param::Int(self.cutoff),

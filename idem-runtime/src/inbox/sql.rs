@@ -11,10 +11,21 @@ pub const POSTGRES_MIGRATION: &str = concat!(
 );
 /// The schema, as a sqlx migration for SQLite: the results table and the inbox.
 pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
+/// The schema, as a sqlx migration for MySQL and MariaDB: the results table and the inbox
+/// (its index declared with it).
+pub const MYSQL_MIGRATION: &str = include_str!("../../migrations/mysql/0001_idem.sql");
 
-pub(crate) use idem_sql::inbox::{
-    BURY, EXTEND, FAIL, INSERT, RETRY, SELECT, STORE_RESULT, STUCK, SUCCEED,
-};
+/// The schema of `dialect`, as its migrations in order in one text.
+pub fn migration(dialect: crate::backend::Dialect) -> &'static str {
+    use crate::backend::Dialect;
+    match dialect {
+        Dialect::Postgres => POSTGRES_MIGRATION,
+        Dialect::Sqlite => SQLITE_MIGRATION,
+        Dialect::MySql => MYSQL_MIGRATION,
+    }
+}
+
+pub(crate) use idem_sql::inbox::{BURY, EXTEND, FAIL, RETRY, SELECT, STORE_RESULT, STUCK, SUCCEED};
 
 /// The statements of a migration, one by one (a prepared statement holds one command).
 pub(crate) fn statements(migration: &str) -> impl Iterator<Item = &str> {
@@ -31,13 +42,17 @@ mod tests {
 
     #[test]
     fn migrations_split_into_their_statements() {
-        for (migration, count) in [(POSTGRES_MIGRATION, 4), (SQLITE_MIGRATION, 3)] {
+        for (migration, count) in [
+            (POSTGRES_MIGRATION, 4),
+            (SQLITE_MIGRATION, 3),
+            (MYSQL_MIGRATION, 2),
+        ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");
             assert!(statements[1].contains("CREATE TABLE IF NOT EXISTS idem_inbox"));
         }
         // `statements` splits at every semicolon, so a comment must not hold one.
-        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION] {
+        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION, MYSQL_MIGRATION] {
             for line in migration
                 .lines()
                 .filter(|l| l.trim_start().starts_with("--"))

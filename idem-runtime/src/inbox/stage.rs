@@ -4,7 +4,7 @@
 use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::{Delivery, Inbox, MessageKey, fingerprint, sql};
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -93,14 +93,53 @@ impl InboxStage {
         conn: &mut DB::Connection,
         codec: Codec<T>,
     ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
-        let inbox = &self.inbox;
-        let dialect = DB::dialect(conn);
+        let dialect = DB::dialect(conn)?;
         let lock_timeout = self
             .lock_timeout
             .and_then(|timeout| dialect.set_lock_timeout(super::clock::millis(timeout)));
         if let Some(set) = &lock_timeout {
             DB::execute(conn, set, &[]).await?;
         }
+        let recorded = self.record::<DB>(conn, dialect).await;
+        // The lock timeout is for waiting on another delivery of the message, not for the
+        // handler's own statements: back to the session's setting before the handler runs,
+        // and on MySQL, where the setting is the session's and outlives the transaction,
+        // whatever happened (after an error, as far as the connection still can).
+        let proceeding = matches!(recorded, Ok(Ok(_)));
+        let outlives = dialect.lock_timeout_outlives_transaction();
+        if let (Some(_), Some(reset), true) = (
+            &lock_timeout,
+            dialect.reset_lock_timeout(),
+            proceeding || outlives,
+        ) {
+            match &recorded {
+                Ok(_) => DB::execute(conn, reset, &[]).await.map(drop)?,
+                Err(_) => drop(DB::execute(conn, reset, &[]).await),
+            }
+        }
+        let took_over = match recorded? {
+            Ok(took_over) => took_over,
+            Err(None) => return Ok(Err(self.inbox.in_progress(None))),
+            Err(Some(ended)) => return self.inbox.ended(codec, &self.key, ended).map(Err),
+        };
+        reached(FaultPoint::Recorded);
+        Ok(Ok(Recorded {
+            inbox: self.inbox.clone(),
+            key: self.key.clone(),
+            takeover: took_over,
+        }))
+    }
+
+    /// The record of the delivery, inserted or taken over (`Ok(true)`: taken over from a
+    /// delivery whose lease expired), or else the record of the message's end
+    /// (`Err(None)`: another delivery is working on it). Nothing here holds the handler's
+    /// result type: it waits for the lock timeout's reset before being decoded.
+    async fn record<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        dialect: crate::backend::Dialect,
+    ) -> Result<Result<bool, Option<Ended>>, Error<Infallible>> {
+        let inbox = &self.inbox;
         let now = inbox.clock.now_millis();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
         let insert = [
@@ -113,11 +152,9 @@ impl InboxStage {
         ];
         // Only the insert that gives way to a busy key can insert nothing and find no record.
         let (statement, unblocked) = dialect.inbox_insert(self.unblocked);
-        let inserted = match DB::execute(conn, statement, &insert).await {
+        let inserted = match insert_unless_taken::<DB>(conn, dialect, statement, &insert).await {
             Ok(n) => n,
-            Err(e) if crate::backend::is_lock_timeout(&e) => {
-                return Ok(Err(inbox.in_progress(None)));
-            }
+            Err(e) if crate::backend::is_lock_timeout(&e) => return Ok(Err(None)),
             Err(e) => return Err(e.into()),
         };
         let mut took_over = false;
@@ -129,7 +166,7 @@ impl InboxStage {
                 Some(found) => found,
                 // Not inserted, and no record: the insert found the key's advisory lock
                 // held, by a delivery still working on it.
-                None if unblocked => return Ok(Err(inbox.in_progress(None))),
+                None if unblocked => return Ok(Err(None)),
                 None => return Err(inbox.vanished(&self.key)),
             };
             match found {
@@ -145,20 +182,10 @@ impl InboxStage {
                     DB::execute(conn, sql::RETRY, &params).await?;
                     took_over = takeover;
                 }
-                Found::Ended(ended) => return inbox.ended(codec, &self.key, ended).map(Err),
+                Found::Ended(ended) => return Ok(Err(Some(ended))),
             }
         }
-        if let (Some(_), Some(reset)) = (&lock_timeout, dialect.reset_lock_timeout()) {
-            // The lock timeout is for waiting on another delivery of the message, not for
-            // the handler's own statements: back to the session's setting.
-            DB::execute(conn, reset, &[]).await?;
-        }
-        reached(FaultPoint::Recorded);
-        Ok(Ok(Recorded {
-            inbox: inbox.clone(),
-            key: self.key.clone(),
-            takeover: took_over,
-        }))
+        Ok(Ok(took_over))
     }
 }
 
@@ -453,7 +480,7 @@ impl Inbox {
             .read_record::<DB>(conn, key, fingerprint, sql::SELECT)
             .await?;
         match found {
-            Some(Found::Retry { .. }) => match DB::dialect(conn).inbox_locking_select() {
+            Some(Found::Retry { .. }) => match DB::dialect(conn)?.inbox_locking_select() {
                 Some(locking) => {
                     self.read_record::<DB>(conn, key, fingerprint, locking)
                         .await
