@@ -32,6 +32,16 @@ struct Tally {
 /// calls go through `idem::retry`, which counts them.
 macro_rules! race {
     ($name:ident, $db:ty, $pool:ty, $late_conflicts:expr, $setup:expr) => {
+        race!(
+            $name,
+            $db,
+            $pool,
+            $late_conflicts,
+            $setup,
+            positional = false
+        );
+    };
+    ($name:ident, $db:ty, $pool:ty, $late_conflicts:expr, $setup:expr, positional = $positional:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $name() {
             #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
@@ -40,7 +50,8 @@ macro_rules! race {
                 order_id: i64,
                 task: usize,
             ) -> Result<String, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                let insert = "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)";
+                sqlx::query(common::placed($positional, insert))
                     .bind(order_id)
                     .bind(task as i64)
                     .execute(&mut **tx)
@@ -190,4 +201,44 @@ race!(
         &[("default_transaction_isolation", "serializable")]
     )
     .await
+);
+
+// MySQL and MariaDB under REPEATABLE READ (InnoDB's default): the loser's UPDATE waits for
+// the winner's row lock and then reads the committed row (an UPDATE always does), matching
+// nothing; the classifying read locks it too, so it sees what the UPDATE saw.
+race!(
+    mysql_32_connections,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    false,
+    common::mysql("concurrency", TASKS as u32).await,
+    positional = true
+);
+race!(
+    mysql_read_committed_32_connections,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    false,
+    common::mysql_with(
+        "concurrency_rc",
+        TASKS as u32,
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+    )
+    .await,
+    positional = true
+);
+// SERIALIZABLE makes every read a locking one: deadlocks (1213) may end a transaction
+// after its body ran, and `idem::retry` calls the handler again.
+race!(
+    mysql_serializable_32_connections,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    true,
+    common::mysql_with(
+        "concurrency_ser",
+        TASKS as u32,
+        "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE"
+    )
+    .await,
+    positional = true
 );

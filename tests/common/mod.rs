@@ -173,10 +173,28 @@ pub async fn mysql_database(name: &str) -> Option<String> {
 
 /// A pool on a fresh database `name` holding [`MYSQL_TABLES`].
 pub async fn mysql(name: &str, max_connections: u32) -> Option<sqlx::MySqlPool> {
+    mysql_with(name, max_connections, "").await
+}
+
+/// [`mysql`], each connection running `init` first (e.g. `SET SESSION TRANSACTION
+/// ISOLATION LEVEL SERIALIZABLE`), unless it is empty.
+pub async fn mysql_with(
+    name: &str,
+    max_connections: u32,
+    init: &'static str,
+) -> Option<sqlx::MySqlPool> {
     let url = mysql_database(name).await?;
     Some(
         sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(max_connections)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if !init.is_empty() {
+                        sqlx::Executor::execute(conn, init).await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect(&url)
             .await
             .unwrap(),
