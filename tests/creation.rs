@@ -1,7 +1,7 @@
 //! Idempotent creation (`create = "CREATED"`): the call makes the row under the client's
 //! business key with one atomic insert into the unique key. Created (the body ran, its
 //! result stored), Duplicate (the same values: the first result replayed) and Conflict
-//! (other values: the first row stays); on SQLite and PostgreSQL, from a pool and inside
+//! (other values: the first row stays); on SQLite, PostgreSQL and MariaDB, from a pool and inside
 //! the caller's transaction, with 32 concurrent creations of one key and concurrent
 //! conflicting ones.
 
@@ -38,11 +38,29 @@ const TABLES: &str = "
     CREATE TABLE created_effects (out_trade_no TEXT NOT NULL);
 ";
 
+/// [`TABLES`] on MySQL: the key a `VARCHAR` (InnoDB indexes no whole `TEXT`), in the
+/// default collation so that the test reads it as a `String` (sqlx reads a `_bin` column
+/// as bytes).
+const MYSQL_TABLES: &str = "
+    CREATE TABLE pay_orders (
+        out_trade_no VARCHAR(64) PRIMARY KEY,
+        status VARCHAR(16) NOT NULL,
+        version BIGINT NOT NULL DEFAULT 0,
+        amount BIGINT NOT NULL,
+        customer VARCHAR(64),
+        created_at TEXT
+    );
+    CREATE TABLE created_effects (out_trade_no TEXT NOT NULL);
+";
+
 macro_rules! creation_tests {
-    ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:expr) => {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:expr, $tables:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
+
+            /// Whether the backend binds `?` (MySQL) rather than `$1`.
+            const POSITIONAL: bool = $positional;
 
             /// The order creation of the sources: the client's `out_trade_no` is the key.
             #[idem::idempotent(
@@ -58,7 +76,7 @@ macro_rules! creation_tests {
                 if amount <= 0 {
                     return Err(format!("amount {amount} is not positive"));
                 }
-                sqlx::query("INSERT INTO created_effects (out_trade_no) VALUES ($1)")
+                sqlx::query(common::placed(POSITIONAL, "INSERT INTO created_effects (out_trade_no) VALUES ($1)"))
                     .bind(out_trade_no)
                     .execute(&mut **tx)
                     .await
@@ -88,7 +106,7 @@ macro_rules! creation_tests {
 
             async fn setup() -> Option<$pool> {
                 let pool: $pool = $setup?;
-                sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+                sqlx::raw_sql($tables).execute(&pool).await.unwrap();
                 idem::create_results_table::<PayOrder, _>(&pool).await.unwrap();
                 Some(pool)
             }
@@ -109,6 +127,27 @@ macro_rules! creation_tests {
 
             fn receipt(order: &str, amount: i64) -> Receipt {
                 Receipt { order: order.to_owned(), amount }
+            }
+
+            /// A row another unique index of the table refuses is the database's error, not
+            /// a taken key (MySQL reports both as a duplicate key: the read after it tells).
+            #[tokio::test]
+            async fn another_unique_index_refusing_the_row_is_an_error() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("CREATE UNIQUE INDEX pay_orders_customer ON pay_orders (customer)")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let first = create_order(&pool, "T-1", 500, Some("ann".into())).await.unwrap();
+                assert_eq!(first, Creation::Created(receipt("T-1", 500)));
+                match create_order(&pool, "T-2", 700, Some("ann".into())).await {
+                    Err(Error::Database(sqlx::Error::Database(e))) => {
+                        assert!(e.is_unique_violation(), "{e}");
+                    }
+                    other => panic!("expected the unique index's error, got {other:?}"),
+                }
+                assert_eq!(rows(&pool).await, [("T-1".into(), "CREATED".into(), 0, 500)]);
+                assert_eq!(effects(&pool).await, 1);
             }
 
             #[tokio::test]
@@ -289,12 +328,25 @@ creation_tests!(
     sqlx::Sqlite,
     sqlx::SqlitePool,
     Some(common::sqlite_file(&format!("creation-{}", common::next_id()), 4).await),
-    "BEGIN IMMEDIATE"
+    "BEGIN IMMEDIATE",
+    TABLES,
+    positional = false
 );
 creation_tests!(
     postgres,
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres(&format!("creation_{}", common::next_id()), 8).await,
-    "BEGIN"
+    "BEGIN",
+    TABLES,
+    positional = false
+);
+creation_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("creation_{}", common::next_id()), 8).await,
+    "BEGIN",
+    MYSQL_TABLES,
+    positional = true
 );

@@ -25,18 +25,34 @@ const BODY: &str = "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pa
 
 macro_rules! handler {
     ($name:ident, $db:ty) => {
+        handler!($name, $db, false);
+    };
+    ($name:ident, $db:ty, $positional:expr) => {
         #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
         async fn $name(
             tx: &mut sqlx::Transaction<'_, $db>,
             order_id: i64,
         ) -> Result<i64, sqlx::Error> {
-            sqlx::query(BODY).bind(order_id).execute(&mut **tx).await?;
+            sqlx::query(common::placed($positional, BODY))
+                .bind(order_id)
+                .execute(&mut **tx)
+                .await?;
             Ok(order_id)
         }
     };
 }
 handler!(pay_sqlite, sqlx::Sqlite);
 handler!(pay_postgres, sqlx::Postgres);
+handler!(pay_mysql, sqlx::MySql, true);
+
+/// A creation without a transaction on MySQL: the INSERT and the result's, in one.
+#[idem::idempotent(machine = Order, key = "order_id", create = "CREATED")]
+async fn open_mysql(
+    pool: &sqlx::MySqlPool,
+    order_id: i64,
+) -> Result<i64, std::convert::Infallible> {
+    Ok(order_id)
+}
 
 macro_rules! statement_handlers {
     ($stored:ident, $nothing:ident, $db:ty) => {
@@ -70,6 +86,7 @@ async fn open_postgres(
 
 statement_handlers!(pay_stored_sqlite, pay_nothing_sqlite, sqlx::Sqlite);
 statement_handlers!(pay_stored_postgres, pay_nothing_postgres, sqlx::Postgres);
+statement_handlers!(pay_stored_mysql, pay_nothing_mysql, sqlx::MySql);
 
 /// A composite key: the same statements, with the key's columns first.
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -390,6 +407,11 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
         ]
     );
 
+    // MySQL (MariaDB): the statements SQLite runs, each `$n` sent as a `?`; a miss's
+    // classifying read is a locking one. A creation that finds its key taken is refused
+    // by the unique key (a failed INSERT) and read.
+    mysql_statements().await;
+
     // An idempotent HTTP request: its key record, the handler's statement, the stored
     // response, in one transaction, as a hand-written key table would take; a repeat reads
     // the record and ends.
@@ -460,4 +482,77 @@ async fn http_statements(addr: std::net::SocketAddr) {
     );
     // A finished record is read, not locked: on PostgreSQL a row lock is a write.
     assert!(!inside[1].contains("FOR UPDATE"), "{log:#?}");
+}
+
+/// The MySQL part of [`generated_sql_is_what_runs_and_round_trips_do_not_grow`].
+async fn mysql_statements() {
+    let Some(pool) = common::mysql("statements", 1).await else {
+        return;
+    };
+    let sql = Order::IDEM_SQL.of(idem::Dialect::MySql);
+    let runs = |statement: &str| {
+        idem_sql::placeholder::positional(statement)
+            .text
+            .into_owned()
+    };
+    idem::create_results_table::<Order, _>(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED'), (2, 'CREATED'), (3, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    take_log();
+    assert_eq!(pay_mysql(&pool, 1).await.unwrap(), Outcome::Applied(1));
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [runs(sql.transition), runs(BODY), runs(sql.store_result)],
+        "full log: {log:#?}"
+    );
+    assert!(
+        log.first().is_some_and(|s| s.starts_with("BEGIN")),
+        "{log:#?}"
+    );
+    assert!(!pay_mysql(&pool, 1).await.unwrap().is_applied());
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [runs(sql.transition), runs(sql.classify)],
+        "full log: {log:#?}"
+    );
+    assert!(runs(sql.classify).ends_with("LOCK IN SHARE MODE"));
+    // Nothing to store: the UPDATE alone, in autocommit; a result to store: a transaction.
+    assert!(pay_nothing_mysql(&pool, 2).await.unwrap().is_applied());
+    assert_eq!(take_log(), [runs(sql.update)]);
+    assert!(pay_stored_mysql(&pool, 3).await.unwrap().is_applied());
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [runs(sql.update), runs(sql.store_result)],
+        "full log: {log:#?}"
+    );
+    assert!(
+        log.first().is_some_and(|s| s.starts_with("BEGIN")),
+        "{log:#?}"
+    );
+    // A creation: the INSERT and the result's; a duplicate: the refused INSERT, the read.
+    assert!(open_mysql(&pool, 301).await.unwrap().is_created());
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [runs(sql.create), runs(sql.store_result)],
+        "full log: {log:#?}"
+    );
+    assert!(matches!(
+        open_mysql(&pool, 301).await.unwrap(),
+        idem::Creation::Duplicate {
+            first_result: Some(301),
+            ..
+        }
+    ));
+    let log = take_log();
+    assert_eq!(
+        inside_transaction(&log),
+        [runs(sql.create), runs(sql.classify_created)],
+        "full log: {log:#?}"
+    );
 }
