@@ -154,6 +154,54 @@ verify_tests!(
     sqlx::PgPool,
     common::postgres(&format!("verify_{}", common::next_id()), 2).await
 );
+verify_tests!(
+    mysql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("verify_{}", common::next_id()), 2).await
+);
+
+/// MySQL checks the columns' types too, by `information_schema`'s names.
+#[tokio::test]
+async fn mysql_column_types_are_checked() {
+    let Some(pool) = common::mysql(&format!("verify_types_{}", common::next_id()), 2).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "DROP TABLE orders;
+         CREATE TABLE orders (order_id DATE, status BLOB, version VARCHAR(8))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    let unusable = |column: &str, role, found: &str| SchemaProblem::UnusableType {
+        table: "orders".into(),
+        column: column.into(),
+        role,
+        found: found.into(),
+    };
+    assert_eq!(
+        report.problems,
+        vec![
+            unusable("order_id", ColumnRole::Key, "date"),
+            unusable("status", ColumnRole::State, "blob"),
+            unusable("version", ColumnRole::Version, "varchar"),
+        ],
+        "{report}"
+    );
+    sqlx::raw_sql(
+        "DROP TABLE orders;
+         CREATE TABLE orders (order_id BIGINT PRIMARY KEY,
+             status ENUM('CREATED', 'PAID', 'SHIPPED', 'CANCELLED') NOT NULL, version INT NOT NULL);
+         INSERT INTO orders VALUES (1, 'PAID', 2)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    assert!(report.is_ok(), "{report}");
+}
 
 /// PostgreSQL checks the columns' types: what idem binds must fit. A domain counts as its
 /// base type and an ENUM state column is fine.
@@ -228,7 +276,7 @@ async fn an_outdated_postgres_inbox_is_reported_until_migrated() {
     assert!(report.is_ok(), "{report}");
 }
 
-/// Through `sqlx::Any` (the examples' pool), on both databases.
+/// Through `sqlx::Any` (the examples' pool), on every database.
 #[tokio::test]
 async fn verify_runs_through_any() {
     sqlx::any::install_default_drivers();
@@ -238,6 +286,7 @@ async fn verify_runs_through_any() {
         .unwrap();
     let mut pools = vec![sqlite];
     pools.extend(common::any_postgres(&format!("verify_any_{}", common::next_id())).await);
+    pools.extend(common::any_mysql(&format!("verify_any_{}", common::next_id())).await);
     for pool in pools {
         sqlx::raw_sql(
             "DROP TABLE IF EXISTS orders;

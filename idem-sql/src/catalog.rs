@@ -105,15 +105,22 @@ impl Dialect {
     /// The states in a machine's table, as one text column `found`: a JSON array of
     /// `[state, rows, rows without a version]`, one per distinct state (NULL included).
     pub fn state_groups(self, table: &str, state: &str, version: &str) -> String {
-        let (aggregate, array, text) = match self {
-            Dialect::Postgres => ("json_agg", "json_build_array", "TEXT"),
-            Dialect::Sqlite => ("json_group_array", "json_array", "TEXT"),
-            Dialect::MySql => ("JSON_ARRAYAGG", "JSON_ARRAY", "CHAR"),
+        let (aggregate, array, text, exact) = match self {
+            Dialect::Postgres => ("json_agg", "json_build_array", "TEXT", ""),
+            Dialect::Sqlite => ("json_group_array", "json_array", "TEXT", ""),
+            // Grouped byte for byte: a column in a case-insensitive collation would
+            // otherwise count `created` as `CREATED`.
+            Dialect::MySql => (
+                "JSON_ARRAYAGG",
+                "JSON_ARRAY",
+                "CHAR",
+                " COLLATE utf8mb4_bin",
+            ),
         };
         format!(
             "SELECT CAST(COALESCE({aggregate}({array}(s, n, nv)), '[]') AS {text}) AS found \
-             FROM (SELECT CAST({state} AS {text}) AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
-             FROM {table} GROUP BY {state}) AS g",
+             FROM (SELECT CAST({state} AS {text}){exact} AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
+             FROM {table} GROUP BY s) AS g",
             state = self.quoted(state),
             version = self.quoted(version),
             table = self.quoted(table),
@@ -145,7 +152,8 @@ mod tests {
         assert_eq!(Dialect::Postgres.type_kind("citext", "S"), TypeKind::Text);
         assert_eq!(Dialect::Sqlite.type_kind("", ""), TypeKind::Any);
         let groups = Dialect::MySql.state_groups("billing.orders", "status", "version");
-        assert!(groups.contains("FROM `billing`.`orders` GROUP BY `status`"));
+        assert!(groups.contains("CAST(`status` AS CHAR) COLLATE utf8mb4_bin AS s"));
+        assert!(groups.contains("FROM `billing`.`orders` GROUP BY s"));
         assert!(Dialect::Postgres.outdated_inbox().is_some());
     }
 }
