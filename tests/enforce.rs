@@ -10,6 +10,9 @@ use order::Order;
 
 macro_rules! enforce_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $refusal:expr) => {
+        enforce_tests!($module, $db, $pool, $setup, $refusal, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $refusal:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
 
@@ -47,11 +50,14 @@ macro_rules! enforce_tests {
             }
 
             async fn status(pool: &$pool, order_id: i64) -> String {
-                sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
-                    .bind(order_id)
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
+                sqlx::query_scalar(common::placed(
+                    $positional,
+                    "SELECT status FROM orders WHERE order_id = $1",
+                ))
+                .bind(order_id)
+                .fetch_one(pool)
+                .await
+                .unwrap()
             }
 
             /// The database's refusal: its message, checked against `$refusal`.
@@ -177,6 +183,39 @@ enforce_tests!(
     common::postgres(&format!("enforce_{}", common::next_id()), 2).await,
     |e| assert_eq!(e.code().as_deref(), Some("23514"), "{}", e.message())
 );
+
+enforce_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("enforce_{}", common::next_id()), 2).await,
+    |e| {
+        assert_eq!(e.code().as_deref(), Some("23000"), "{}", e.message());
+        assert!(e.message().starts_with("idem: "), "{}", e.message());
+    },
+    positional = true
+);
+
+/// MySQL names both states in the trigger's message too.
+#[tokio::test]
+async fn mysql_names_the_refused_move() {
+    let Some(pool) = common::mysql(&format!("enforce_msg_{}", common::next_id()), 2).await else {
+        return;
+    };
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    idem::enforce::<Order, _>(&pool).await.unwrap();
+    let e = sqlx::query("UPDATE orders SET status = 'SHIPPED'")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_database_error().unwrap().message(),
+        "idem: CREATED -> SHIPPED is not a transition of the state machine Order"
+    );
+}
 
 /// PostgreSQL names both states in the trigger's message.
 #[tokio::test]

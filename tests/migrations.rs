@@ -88,6 +88,23 @@ async fn sqlx_applies_the_postgres_migrations_and_the_status_is_unchecked() {
     assert_eq!(checks, 0, "the second migration drops the status CHECK");
 }
 
+#[tokio::test]
+async fn sqlx_applies_the_mysql_migrations() {
+    let Some(pool) = common::mysql("migrations_sqlx", 2).await else {
+        return;
+    };
+    let migrator = migrator("mysql").await;
+    assert_eq!(
+        concatenated(&migrator),
+        without_blank_lines(idem::inbox::MYSQL_MIGRATION),
+        "idem::inbox::MYSQL_MIGRATION is the shipped migrations"
+    );
+    migrator.run(&pool).await.unwrap();
+    migrator.run(&pool).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    delivered_on!(pool);
+}
+
 /// A database whose inbox table came from the first migration alone (before the second
 /// existed) loses the constraint when `idem::migrate` runs again.
 #[tokio::test]

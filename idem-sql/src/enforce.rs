@@ -144,20 +144,29 @@ impl Machine<'_> {
         let declared = format!("{schema}{}", q(&self.object("declared")));
         let edges = format!("{schema}{}", q(&self.object("edges")));
         let name = self.name;
+        // Compared byte for byte: in a case-insensitive collation `created` would pass
+        // for `CREATED`.
+        let (new, old) = (
+            format!("CAST(NEW.{state} AS BINARY)"),
+            format!("CAST(OLD.{state} AS BINARY)"),
+        );
         format!(
             "DROP TRIGGER IF EXISTS {declared};\n\
              CREATE TRIGGER {declared} BEFORE INSERT ON {table}\n\
              FOR EACH ROW BEGIN\n\
-             \x20   IF NEW.{state} NOT IN ({states}) THEN\n\
+             \x20   IF {new} NOT IN ({states}) THEN\n\
              \x20       SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'idem: not a state of the state machine {name}';\n\
              \x20   END IF;\n\
              END;\n\
              DROP TRIGGER IF EXISTS {edges};\n\
              CREATE TRIGGER {edges} BEFORE UPDATE ON {table}\n\
              FOR EACH ROW BEGIN\n\
-             \x20   IF NOT (NEW.{state} <=> OLD.{state})\n\
-             \x20      AND (OLD.{state}, NEW.{state}) NOT IN ({transitions}) THEN\n\
-             \x20       SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'idem: not a transition of the state machine {name}';\n\
+             \x20   DECLARE refused VARCHAR(255);\n\
+             \x20   IF NOT ({new} <=> {old})\n\
+             \x20      AND ({old}, {new}) NOT IN ({transitions}) THEN\n\
+             \x20       SET refused = CONCAT('idem: ', COALESCE(OLD.{state}, 'NULL'), ' -> ', COALESCE(NEW.{state}, 'NULL'),\n\
+             \x20           ' is not a transition of the state machine {name}');\n\
+             \x20       SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = refused;\n\
              \x20   END IF;\n\
              END;",
             states = self.state_list(),
@@ -188,7 +197,9 @@ mod tests {
         assert!(lite.contains("WHEN NEW.\"status\" NOT IN ('CREATED', 'PAID', 'SHIPPED')"));
         assert!(lite.contains("NOT IN (VALUES ('CREATED', 'PAID'), ('PAID', 'SHIPPED'))"));
         let my = ORDER.script(Dialect::MySql);
-        assert!(my.contains("IF NEW.`status` NOT IN ('CREATED', 'PAID', 'SHIPPED') THEN"));
+        assert!(my.contains(
+            "IF CAST(NEW.`status` AS BINARY) NOT IN ('CREATED', 'PAID', 'SHIPPED') THEN"
+        ));
         assert!(my.contains("NOT IN (('CREATED', 'PAID'), ('PAID', 'SHIPPED')) THEN"));
         assert!(my.contains("BEFORE UPDATE ON `orders`"));
     }
