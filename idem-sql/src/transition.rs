@@ -476,19 +476,19 @@ impl Quoted {
 
     /// MySQL: the results table in InnoDB, its key columns `VARCHAR` under a binary
     /// collation (a `TEXT` key needs a prefix, and the default collations compare
-    /// case- and trailing-space-insensitively). The key's 768 characters are InnoDB's
+    /// case- and trailing-space-insensitively); the result in the default one. The key's 768 characters are InnoDB's
     /// 3072-byte limit in `utf8mb4`.
     fn mysql_create_results_table(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (\n\
-             \x20   machine VARCHAR(128) NOT NULL,\n\
-             \x20   entity_key VARCHAR(512) NOT NULL,\n\
-             \x20   from_state VARCHAR(64) NOT NULL,\n\
-             \x20   to_state VARCHAR(64) NOT NULL,\n\
+             \x20   machine VARCHAR(128) COLLATE utf8mb4_bin NOT NULL,\n\
+             \x20   entity_key VARCHAR(512) COLLATE utf8mb4_bin NOT NULL,\n\
+             \x20   from_state VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,\n\
+             \x20   to_state VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,\n\
              \x20   result LONGTEXT NOT NULL,\n\
              \x20   created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n\
              \x20   PRIMARY KEY (machine, entity_key, from_state, to_state)\n\
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
             self.results
         )
     }
