@@ -9,7 +9,7 @@
 //! there, with no timing involved. The child is this test binary running only its ignored
 //! test [`crash_child`].
 //!
-//! Three calls, each on PostgreSQL and an SQLite file:
+//! The calls, each on PostgreSQL, MariaDB and an SQLite file:
 //! - `transition`: an `#[idempotent]` transition CREATED → PAID whose body writes an effect;
 //! - `inbox`: the same transition as a message consumer, its inbox record in the same
 //!   transaction;
@@ -17,8 +17,8 @@
 //!   idempotency key), then the lease's completion;
 //! - `statement`: the one-statement form (a handler without a transaction) whose result
 //!   must be stored with the transition: on PostgreSQL one autocommit statement, so the
-//!   row and the result are committed once the UPDATE returns; on SQLite one transaction,
-//!   so neither is before COMMIT.
+//!   row and the result are committed once the UPDATE returns; on SQLite and MariaDB one
+//!   transaction, so neither is before COMMIT.
 
 #[path = "common/brokers.rs"]
 mod brokers;
@@ -69,6 +69,13 @@ const EXTERNAL: &str = "CREATE TABLE external_charges (
     calls BIGINT NOT NULL
 )";
 
+/// [`EXTERNAL`] on MySQL (a `VARCHAR` key).
+const EXTERNAL_MYSQL: &str = "CREATE TABLE external_charges (
+    idempotency_key VARCHAR(255) PRIMARY KEY,
+    process BIGINT NOT NULL,
+    calls BIGINT NOT NULL
+)";
+
 /// The points each call passes, in order.
 fn points(scenario: &str) -> &'static [FaultPoint] {
     use FaultPoint::*;
@@ -83,6 +90,9 @@ fn points(scenario: &str) -> &'static [FaultPoint] {
 
 macro_rules! backend {
     ($module:ident, $db:ty, $variant:ident) => {
+        backend!($module, $db, $variant, positional = false);
+    };
+    ($module:ident, $db:ty, $variant:ident, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey};
@@ -95,7 +105,7 @@ macro_rules! backend {
                 tx: &mut Transaction<'_, $db>,
                 order_id: i64,
             ) -> Result<Receipt, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)"))
                     .bind(order_id)
                     .bind(this_process())
                     .execute(&mut **tx)
@@ -139,6 +149,21 @@ macro_rules! backend {
             /// The outside call: the service records the first call per idempotency key
             /// and counts every call; it answers with the process of the first.
             async fn call_outside(pool: &P, key: &MessageKey) -> Result<i64, sqlx::Error> {
+                if $positional {
+                    // MySQL: no RETURNING after an upsert.
+                    sqlx::query(
+                        "INSERT INTO external_charges (idempotency_key, process, calls) VALUES (?, ?, 1) \
+                         ON DUPLICATE KEY UPDATE calls = calls + 1",
+                    )
+                    .bind(key.as_str())
+                    .bind(this_process())
+                    .execute(pool)
+                    .await?;
+                    return sqlx::query_scalar("SELECT process FROM external_charges WHERE idempotency_key = ?")
+                        .bind(key.as_str())
+                        .fetch_one(pool)
+                        .await;
+                }
                 sqlx::query_scalar(
                     "INSERT INTO external_charges (idempotency_key, process, calls) VALUES ($1, $2, 1) \
                      ON CONFLICT (idempotency_key) DO UPDATE SET calls = external_charges.calls + 1 \
@@ -201,7 +226,7 @@ macro_rules! backend {
             }
 
             async fn status(pool: &P) -> (String, i64) {
-                sqlx::query_as("SELECT status, version FROM orders WHERE order_id = $1")
+                sqlx::query_as(common::placed($positional, "SELECT status, version FROM orders WHERE order_id = $1"))
                     .bind(ORDER)
                     .fetch_one(pool)
                     .await
@@ -220,16 +245,21 @@ macro_rules! backend {
                         Some(db) => db,
                         None => return,
                     },
+                    "MySql" => match Db::mysql(name, 2).await {
+                        Some(db) => db,
+                        None => return,
+                    },
                     _ => Db::sqlite(name, 2).await,
                 };
                 let spec = db.spec();
                 let pool = pool(db);
-                sqlx::query("INSERT INTO orders (order_id, status) VALUES ($1, 'CREATED')")
+                sqlx::query(common::placed($positional, "INSERT INTO orders (order_id, status) VALUES ($1, 'CREATED')"))
                     .bind(ORDER)
                     .execute(&pool)
                     .await
                     .unwrap();
-                sqlx::query(EXTERNAL).execute(&pool).await.unwrap();
+                let external = if $positional { EXTERNAL_MYSQL } else { EXTERNAL };
+                sqlx::query(external).execute(&pool).await.unwrap();
 
                 let env = [
                     ("IDEM_CRASH_DB", spec),
@@ -390,6 +420,7 @@ macro_rules! backend {
 
 backend!(on_postgres, sqlx::Postgres, Postgres);
 backend!(on_sqlite, sqlx::Sqlite, Sqlite);
+backend!(on_mysql, sqlx::MySql, MySql, positional = true);
 
 #[test]
 #[ignore = "the child process of the crash tests, which run it"]
@@ -412,6 +443,7 @@ fn crash_child() {
         match db {
             Db::Postgres(_) => on_postgres::call(db, &scenario).await,
             Db::Sqlite(_) => on_sqlite::call(db, &scenario).await,
+            Db::MySql(_) => on_mysql::call(db, &scenario).await,
         }
     });
     report(&format!("outcome {outcome}"));
@@ -428,6 +460,11 @@ macro_rules! crash_tests {
                     async fn postgres() {
                         let name = concat!("crash_pg_", stringify!($test));
                         on_postgres::crash(name, $scenario, FaultPoint::$point).await;
+                    }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn mysql() {
+                        let name = concat!("crash_my_", stringify!($test));
+                        on_mysql::crash(name, $scenario, FaultPoint::$point).await;
                     }
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn sqlite() {

@@ -134,6 +134,7 @@ async fn start(db: Db) -> SocketAddr {
     match db {
         Db::Postgres(_) => on_postgres::start(db).await,
         Db::Sqlite(_) => on_sqlite::start(db).await,
+        Db::MySql(_) => unreachable!("the HTTP crash tests run on PostgreSQL and SQLite"),
     }
 }
 
@@ -145,6 +146,7 @@ async fn effects(db: &Db, path: &str) -> Vec<i64> {
     match db {
         Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await.unwrap(),
         Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await.unwrap(),
+        Db::MySql(pool) => sqlx::query_scalar(sql).fetch_all(pool).await.unwrap(),
     }
 }
 
@@ -166,6 +168,7 @@ async fn crash(db: Option<Db>, path: &'static str, point: FaultPoint) {
     match &db {
         Db::Postgres(pool) => sqlx::query(EXTERNAL).execute(pool).await.map(drop),
         Db::Sqlite(pool) => sqlx::query(EXTERNAL).execute(pool).await.map(drop),
+        Db::MySql(pool) => sqlx::query(EXTERNAL).execute(pool).await.map(drop),
     }
     .unwrap();
     let env = [

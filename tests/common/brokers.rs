@@ -14,7 +14,7 @@ use crate::common;
 use idem::inbox::{Delivery, Inbox, MessageKey, Received};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -87,27 +87,29 @@ pub enum Pause {
     Forever(&'static str),
 }
 
-/// The database a consumer writes its effects to: PostgreSQL or an SQLite file, holding
-/// [`common::TABLES`] and idem's tables.
+/// The database a consumer writes its effects to: PostgreSQL, MySQL or an SQLite file,
+/// holding [`common::TABLES`] (MySQL: [`common::MYSQL_TABLES`]) and idem's tables.
 #[derive(Debug, Clone)]
 pub enum Db {
     Postgres(PgPool),
     Sqlite(SqlitePool),
+    MySql(MySqlPool),
 }
 
 /// One delivery through the inbox, the effect being one row in `effects`; the result is
 /// the effect's order id.
 macro_rules! deliver {
-    ($pool:expr, $inbox:expr, $key:expr, $payload:expr, $order:expr, $pause:expr) => {
+    ($pool:expr, $inbox:expr, $key:expr, $payload:expr, $order:expr, $pause:expr, $positional:expr) => {
         match $inbox
             .receive($pool, $key, $payload)
             .await
             .map_err(idem::Error::widen)?
         {
             Received::New(mut receipt) => {
-                let effect = sqlx::query(
+                let effect = sqlx::query($crate::common::placed(
+                    $positional,
                     "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
-                )
+                ))
                 .bind($order)
                 .execute(&mut **receipt.transaction())
                 .await;
@@ -135,6 +137,14 @@ impl Db {
         Some(Db::Postgres(pool))
     }
 
+    /// A fresh MySQL database `idem_test_{name}` (see [`common::mysql`]), migrated; `None`
+    /// when MySQL is not configured.
+    pub async fn mysql(name: &str, max_connections: u32) -> Option<Db> {
+        let pool = common::mysql(name, max_connections).await?;
+        idem::migrate(&pool).await.unwrap();
+        Some(Db::MySql(pool))
+    }
+
     /// A fresh SQLite file `{name}.db` (see [`common::sqlite_file`]), migrated.
     pub async fn sqlite(name: &str, max_connections: u32) -> Db {
         let pool = common::sqlite_file(name, max_connections).await;
@@ -153,12 +163,28 @@ impl Db {
                 let options = pool.connect_options();
                 format!("sqlite:{}", options.get_filename().display())
             }
+            Db::MySql(pool) => {
+                let options = pool.connect_options();
+                format!("mysql:{}", options.get_database().unwrap())
+            }
         }
     }
 
     /// Connects to a database made by [`Db::postgres`] or [`Db::sqlite`] in another
     /// process, from its [`Db::spec`]; nothing is recreated.
     pub async fn connect(spec: &str) -> Db {
+        if let Some(database) = spec.strip_prefix("mysql:") {
+            let url = common::mysql_url().expect("the parent test ran on MySQL");
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)
+                .unwrap()
+                .database(database);
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(2)
+                .connect_with(options)
+                .await
+                .unwrap();
+            return Db::MySql(pool);
+        }
         if let Some(schema) = spec.strip_prefix("postgres:") {
             let url = common::postgres_url().expect("the parent test ran on PostgreSQL");
             let options = PgConnectOptions::from_str(&url)
@@ -193,8 +219,9 @@ impl Db {
         pause: Pause,
     ) -> Result<Delivery<i64>, idem::Error<sqlx::Error>> {
         match self {
-            Db::Postgres(pool) => deliver!(pool, inbox, key, payload, order, pause),
-            Db::Sqlite(pool) => deliver!(pool, inbox, key, payload, order, pause),
+            Db::Postgres(pool) => deliver!(pool, inbox, key, payload, order, pause, false),
+            Db::Sqlite(pool) => deliver!(pool, inbox, key, payload, order, pause, false),
+            Db::MySql(pool) => deliver!(pool, inbox, key, payload, order, pause, true),
         }
     }
 
@@ -202,6 +229,7 @@ impl Db {
         match self {
             Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
             Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+            Db::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
         }
     }
 
