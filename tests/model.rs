@@ -469,6 +469,9 @@ fn seen_error(error: idem::Error<sqlx::Error>) -> Seen {
 
 macro_rules! backend {
     ($module:ident, $db:ty) => {
+        backend!($module, $db, positional = false);
+    };
+    ($module:ident, $db:ty, positional = $positional:expr) => {
         pub mod $module {
             use super::*;
             use idem::inbox::{Delivery, Inbox, MessageKey};
@@ -483,7 +486,7 @@ macro_rules! backend {
                 id: usize,
                 fails: bool,
             ) -> Result<Receipt, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, $3)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, $3)"))
                     .bind(order_id)
                     .bind(kind)
                     .bind(id as i64)
@@ -577,7 +580,12 @@ macro_rules! backend {
                         .unwrap();
                 // Each record with what it replays: the first result (a delivery's id).
                 let records: Vec<(String, Option<String>)> =
-                    sqlx::query_as("SELECT message_key, result FROM idem_inbox WHERE status = 'SUCCESS'")
+                    sqlx::query_as(if $positional {
+                        // sqlx reads a `_bin` column as bytes.
+                        "SELECT CAST(message_key AS CHAR), result FROM idem_inbox WHERE status = 'SUCCESS'"
+                    } else {
+                        "SELECT message_key, result FROM idem_inbox WHERE status = 'SUCCESS'"
+                    })
                         .fetch_all(pool)
                         .await
                         .unwrap();
@@ -644,6 +652,7 @@ macro_rules! backend {
 
 backend!(on_sqlite, sqlx::Sqlite);
 backend!(on_postgres, sqlx::Postgres);
+backend!(on_mysql, sqlx::MySql, positional = true);
 
 fn sqlite() -> &'static Harness<sqlx::SqlitePool> {
     static HARNESS: OnceLock<Harness<sqlx::SqlitePool>> = OnceLock::new();
@@ -670,8 +679,29 @@ fn postgres() -> Option<&'static Harness<sqlx::PgPool>> {
         .as_ref()
 }
 
+fn mysql() -> Option<&'static Harness<sqlx::MySqlPool>> {
+    static HARNESS: OnceLock<Option<Harness<sqlx::MySqlPool>>> = OnceLock::new();
+    HARNESS
+        .get_or_init(|| {
+            common::mysql_url()?;
+            Some(harness(async || {
+                let pool = common::mysql("model", 4).await.unwrap();
+                idem::migrate(&pool).await.unwrap();
+                pool
+            }))
+        })
+        .as_ref()
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    #[test]
+    fn mysql_agrees_with_the_model(schedule in schedule()) {
+        if let Some(h) = mysql() {
+            h.runtime.block_on(on_mysql::run(&h.pool, &schedule))?;
+        }
+    }
 
     #[test]
     fn sqlite_agrees_with_the_model(schedule in schedule()) {
