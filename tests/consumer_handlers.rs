@@ -21,6 +21,9 @@ pub enum Order {
 
 macro_rules! consumer_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        consumer_tests!($module, $db, $pool, $setup, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -34,7 +37,7 @@ macro_rules! consumer_tests {
                 payload: &[u8],
                 order_id: i64,
             ) -> Result<String, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)"))
                     .bind(order_id)
                     .bind(payload.len() as i64)
                     .execute(&mut **tx)
@@ -56,7 +59,7 @@ macro_rules! consumer_tests {
                 order_id: i64,
             ) -> Result<i64, sqlx::Error> {
                 let _ = payload;
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)"))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -76,7 +79,7 @@ macro_rules! consumer_tests {
             }
 
             async fn effects(pool: &$pool, kind: &str) -> i64 {
-                sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE kind = $1")
+                sqlx::query_scalar(common::placed($positional, "SELECT COUNT(*) FROM effects WHERE kind = $1"))
                     .bind(kind)
                     .fetch_one(pool)
                     .await
@@ -293,4 +296,11 @@ consumer_tests!(
         &[("default_transaction_isolation", "repeatable\\ read")]
     )
     .await
+);
+consumer_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("consumers_{}", common::next_id()), 8).await,
+    positional = true
 );
