@@ -455,3 +455,29 @@ async fn retried_messages_to_four_consumers_sqlite() {
     let db = Db::sqlite("rabbit_workers", 4).await;
     retried_messages_to_four_consumers(db, "idem-workers-sqlite").await;
 }
+
+// The same three with MariaDB as the consumers' store.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_mysql() {
+    let Some(db) = Db::mysql("rabbit_after_commit", 2).await else {
+        return;
+    };
+    killed_consumer(db, "after_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_commit_the_redelivery_applies_once_mysql() {
+    let Some(db) = Db::mysql("rabbit_before_commit", 2).await else {
+        return;
+    };
+    killed_consumer(db, "before_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_to_four_consumers_mysql() {
+    let Some(db) = Db::mysql("rabbit_workers", 8).await else {
+        return;
+    };
+    retried_messages_to_four_consumers(db, "idem-workers-my").await;
+}
