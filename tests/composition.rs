@@ -29,6 +29,9 @@ pub enum Stock {
 
 macro_rules! composition_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:path) => {
+        composition_tests!($module, $db, $pool, $setup, $begin, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:path, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -72,7 +75,7 @@ macro_rules! composition_tests {
             }
 
             async fn effect(tx: &mut Transaction<'_, $db>, order_id: i64, kind: &str) -> Result<(), sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 0)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 0)"))
                     .bind(order_id)
                     .bind(kind)
                     .execute(&mut **tx)
@@ -95,7 +98,7 @@ macro_rules! composition_tests {
             }
 
             async fn count(pool: &$pool, kind: &str) -> i64 {
-                sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE kind = $1")
+                sqlx::query_scalar(common::placed($positional, "SELECT COUNT(*) FROM effects WHERE kind = $1"))
                     .bind(kind)
                     .fetch_one(pool)
                     .await
@@ -103,7 +106,7 @@ macro_rules! composition_tests {
             }
 
             async fn status(pool: &$pool, order_id: i64) -> String {
-                sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                sqlx::query_scalar(common::placed($positional, "SELECT status FROM orders WHERE order_id = $1"))
                     .bind(order_id)
                     .fetch_one(pool)
                     .await
@@ -111,7 +114,7 @@ macro_rules! composition_tests {
             }
 
             async fn stock(pool: &$pool, code: &str) -> String {
-                sqlx::query_scalar("SELECT state FROM text_orders WHERE code = $1")
+                sqlx::query_scalar(common::placed($positional, "SELECT state FROM text_orders WHERE code = $1"))
                     .bind(code)
                     .fetch_one(pool)
                     .await
@@ -223,6 +226,14 @@ composition_tests!(
     common::postgres(&format!("composition_{}", common::next_id()), 4).await,
     begin_postgres
 );
+composition_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("composition_{}", common::next_id()), 4).await,
+    begin_mysql,
+    positional = true
+);
 
 /// SQLite: take the write lock up front, as idem does for its own transactions.
 async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
@@ -230,5 +241,9 @@ async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sql
 }
 
 async fn begin_postgres(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    pool.begin().await.unwrap()
+}
+
+async fn begin_mysql(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx::MySql> {
     pool.begin().await.unwrap()
 }

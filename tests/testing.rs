@@ -19,12 +19,15 @@ enum Event {
 
 macro_rules! testing_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        testing_tests!($module, $db, $pool, $setup, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
 
             #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
             async fn pay(tx: &mut sqlx::Transaction<'_, $db>, order_id: i64, amount: i64) -> Result<i64, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)"))
                     .bind(order_id)
                     .bind(amount)
                     .execute(&mut **tx)
@@ -34,7 +37,7 @@ macro_rules! testing_tests {
 
             #[idem::idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
             async fn ship(tx: &mut sqlx::Transaction<'_, $db>, order_id: i64) -> Result<(), sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'ship', 0)"))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -48,7 +51,7 @@ macro_rules! testing_tests {
                 key: &MessageKey,
                 payload: &[u8],
             ) -> Result<String, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (0, 'message', $1)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES (0, 'message', $1)"))
                     .bind(payload.len() as i64)
                     .execute(&mut **tx)
                     .await?;
@@ -66,7 +69,7 @@ macro_rules! testing_tests {
             }
 
             async fn effects(pool: &$pool, kind: &str) -> i64 {
-                sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE kind = $1")
+                sqlx::query_scalar(common::placed($positional, "SELECT COUNT(*) FROM effects WHERE kind = $1"))
                     .bind(kind)
                     .fetch_one(pool)
                     .await
@@ -192,6 +195,13 @@ testing_tests!(
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres(&format!("testing_{}", common::next_id()), 8).await
+);
+testing_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("testing_{}", common::next_id()), 8).await,
+    positional = true
 );
 
 /// A replay of another result than the first is caught.
