@@ -19,6 +19,13 @@ const COLUMNS: &str = "SELECT status, CAST(version AS TEXT), \
      COALESCE(carrier, '-'), CASE WHEN paid_at IS NULL THEN '-' ELSE 'set' END \
      FROM orders WHERE order_id = $1";
 
+/// [`COLUMNS`] on MySQL, which casts to `CHAR`.
+const COLUMNS_MYSQL: &str = "SELECT status, CAST(version AS CHAR), \
+     COALESCE(CAST(amount AS CHAR), '-'), COALESCE(note, '-'), \
+     COALESCE(CAST(rate AS CHAR), '-'), COALESCE(CAST(flagged AS CHAR), '-'), \
+     COALESCE(carrier, '-'), CASE WHEN paid_at IS NULL THEN '-' ELSE 'set' END \
+     FROM orders WHERE order_id = $1";
+
 type Row = (
     String,
     String,
@@ -32,6 +39,9 @@ type Row = (
 
 macro_rules! set_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $table:expr) => {
+        set_tests!($module, $db, $pool, $setup, $table, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $table:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -51,11 +61,15 @@ macro_rules! set_tests {
                 flagged: bool,
             ) -> Result<i64, sqlx::Error> {
                 let seen: i64 =
-                    sqlx::query_scalar("SELECT CAST(amount AS BIGINT) FROM orders WHERE order_id = $1")
+                    sqlx::query_scalar(common::placed($positional, if $positional {
+                        "SELECT CAST(amount AS SIGNED) FROM orders WHERE order_id = $1"
+                    } else {
+                        "SELECT CAST(amount AS BIGINT) FROM orders WHERE order_id = $1"
+                    }))
                         .bind(order_id)
                         .fetch_one(&mut **tx)
                         .await?;
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', $2)"))
                     .bind(order_id)
                     .bind(seen)
                     .execute(&mut **tx)
@@ -155,7 +169,7 @@ macro_rules! set_tests {
             }
 
             async fn row(pool: &$pool, order_id: i64) -> Row {
-                sqlx::query_as(COLUMNS)
+                sqlx::query_as(common::placed($positional, if $positional { COLUMNS_MYSQL } else { COLUMNS }))
                     .bind(order_id)
                     .fetch_one(pool)
                     .await
@@ -188,9 +202,11 @@ macro_rules! set_tests {
                 assert!(paid.4.starts_with("0.5"), "{paid:?}");
                 assert!(matches!(paid.5.as_str(), "1" | "true"), "{paid:?}");
                 assert_eq!(paid.7, "set");
-                let paid_at: String = sqlx::query_scalar(
-                    "SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_id = 1",
-                )
+                let paid_at: String = sqlx::query_scalar(if $positional {
+                    "SELECT CAST(paid_at AS CHAR) FROM orders WHERE order_id = 1"
+                } else {
+                    "SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_id = 1"
+                })
                 .fetch_one(&pool)
                 .await
                 .unwrap();
@@ -205,9 +221,11 @@ macro_rules! set_tests {
                     }
                 );
                 assert_eq!(row(&pool, 1).await, paid);
-                let paid_at_again: String = sqlx::query_scalar(
-                    "SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_id = 1",
-                )
+                let paid_at_again: String = sqlx::query_scalar(if $positional {
+                    "SELECT CAST(paid_at AS CHAR) FROM orders WHERE order_id = 1"
+                } else {
+                    "SELECT CAST(paid_at AS TEXT) FROM orders WHERE order_id = 1"
+                })
                 .fetch_one(&pool)
                 .await
                 .unwrap();
@@ -351,6 +369,21 @@ set_tests!(
          paid_at TIMESTAMPTZ, amount INTEGER, note TEXT, rate DOUBLE PRECISION,
          flagged BOOLEAN, carrier VARCHAR(20)
      );"
+);
+
+set_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("set_columns_{}", common::next_id()), 4).await,
+    // MariaDB's strict mode (the default) refuses a value that does not fit, as PostgreSQL.
+    "DROP TABLE orders;
+     CREATE TABLE orders (
+         order_id BIGINT PRIMARY KEY, status VARCHAR(32), version BIGINT DEFAULT 0,
+         paid_at DATETIME, amount INT, note TEXT, rate DOUBLE,
+         flagged BOOLEAN, carrier VARCHAR(20)
+     );",
+    positional = true
 );
 
 /// Both PostgreSQL forms of the statement (the UPDATE that classifies a miss itself, and

@@ -21,6 +21,9 @@ struct Receipt {
 
 macro_rules! statement_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:expr) => {
+        statement_tests!($module, $db, $pool, $setup, $begin, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
 
@@ -73,7 +76,7 @@ macro_rules! statement_tests {
 
             async fn row(pool: &$pool, order_id: i64) -> (String, i64, Option<i64>, bool, Option<String>) {
                 sqlx::query_as(
-                    "SELECT status, version, amount, paid_at IS NOT NULL, carrier FROM orders WHERE order_id = $1",
+                    common::placed($positional, "SELECT status, version, amount, paid_at IS NOT NULL, carrier FROM orders WHERE order_id = $1"),
                 )
                 .bind(order_id)
                 .fetch_one(pool)
@@ -195,4 +198,13 @@ statement_tests!(
     sqlx::PgPool,
     common::postgres(&format!("statement_form_{}", common::next_id()), 8).await,
     "BEGIN"
+);
+
+statement_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("statement_form_{}", common::next_id()), 8).await,
+    "BEGIN",
+    positional = true
 );
