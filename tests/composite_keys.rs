@@ -32,10 +32,24 @@ const TABLE: &str = "CREATE TABLE tenant_orders (
     PRIMARY KEY (tenant_id, order_id)
 )";
 
+/// [`TABLE`] on MySQL (a `VARCHAR` key column).
+const TABLE_MYSQL: &str = "CREATE TABLE tenant_orders (
+    tenant_id VARCHAR(64) NOT NULL,
+    order_id BIGINT NOT NULL,
+    status VARCHAR(16) NOT NULL,
+    version BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, order_id)
+)";
+
 macro_rules! composite_key_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
+        composite_key_tests!($module, $db, $pool, $setup, positional = false);
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
+
+            const POSITIONAL: bool = $positional;
             use sqlx::Transaction;
 
             #[idem::idempotent(
@@ -52,7 +66,7 @@ macro_rules! composite_key_tests {
                 amount: i64,
                 expected: Option<i64>,
             ) -> Result<String, sqlx::Error> {
-                sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, $3)")
+                sqlx::query(common::placed($positional, "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, $3)"))
                     .bind(order_id)
                     .bind(tenant)
                     .bind(amount)
@@ -100,7 +114,7 @@ macro_rules! composite_key_tests {
             async fn setup(rows: &str) -> Option<$pool> {
                 let pool: $pool = $setup?;
                 idem::migrate(&pool).await.unwrap();
-                sqlx::query(TABLE).execute(&pool).await.unwrap();
+                sqlx::query(if POSITIONAL { TABLE_MYSQL } else { TABLE }).execute(&pool).await.unwrap();
                 sqlx::query(&format!(
                     "INSERT INTO tenant_orders (tenant_id, order_id, status) VALUES {rows}"
                 ))
@@ -112,7 +126,7 @@ macro_rules! composite_key_tests {
 
             async fn status(pool: &$pool, tenant: &str, order_id: i64) -> String {
                 sqlx::query_scalar(
-                    "SELECT status FROM tenant_orders WHERE tenant_id = $1 AND order_id = $2",
+                    common::placed($positional, "SELECT status FROM tenant_orders WHERE tenant_id = $1 AND order_id = $2"),
                 )
                 .bind(tenant)
                 .bind(order_id)
@@ -160,9 +174,12 @@ macro_rules! composite_key_tests {
                     }
                 );
                 assert_eq!(effects(&pool).await, 2);
-                let mut stored: Vec<String> = sqlx::query_scalar(
-                    "SELECT entity_key FROM idem_results WHERE machine = 'tenant_orders'",
-                )
+                let mut stored: Vec<String> = sqlx::query_scalar(if POSITIONAL {
+                    // sqlx reads a `_bin` column as bytes.
+                    "SELECT CAST(entity_key AS CHAR) FROM idem_results WHERE machine = 'tenant_orders'"
+                } else {
+                    "SELECT entity_key FROM idem_results WHERE machine = 'tenant_orders'"
+                })
                 .fetch_all(&pool)
                 .await
                 .unwrap();
@@ -353,4 +370,11 @@ composite_key_tests!(
     sqlx::Postgres,
     sqlx::PgPool,
     common::postgres(&format!("composite_{}", common::next_id()), 8).await
+);
+composite_key_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("composite_{}", common::next_id()), 8).await,
+    positional = true
 );

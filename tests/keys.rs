@@ -26,6 +26,16 @@ pub enum Order {
 
 macro_rules! key_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr, $uuid_column:literal) => {
+        key_tests!(
+            $module,
+            $db,
+            $pool,
+            $setup,
+            $uuid_column,
+            positional = false
+        );
+    };
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $uuid_column:literal, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -84,11 +94,14 @@ macro_rules! key_tests {
                 let Some(pool) = setup().await else { return };
                 let id = Uuid::from_u128(0x0192_3a4b_5c6d_7e8f_9a0b_1c2d_3e4f_5a6b);
                 // Inserted as sqlx binds a Uuid: the same encoding idem must match.
-                sqlx::query("INSERT INTO accounts (account_id, status) VALUES ($1, 'OPEN')")
-                    .bind(id)
-                    .execute(&pool)
-                    .await
-                    .unwrap();
+                sqlx::query(common::placed(
+                    $positional,
+                    "INSERT INTO accounts (account_id, status) VALUES ($1, 'OPEN')",
+                ))
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap();
                 let first = close(&pool, id).await.unwrap();
                 assert_eq!(first, Outcome::Applied(format!("closed {id}")));
                 assert_eq!(
@@ -103,9 +116,12 @@ macro_rules! key_tests {
                     Outcome::NotFound
                 );
                 // The first result is scoped by the key's hyphenated text.
-                let stored: String = sqlx::query_scalar(
-                    "SELECT entity_key FROM idem_results WHERE machine = 'accounts'",
-                )
+                let stored: String = sqlx::query_scalar(if $positional {
+                    // sqlx reads a `_bin` column as bytes.
+                    "SELECT CAST(entity_key AS CHAR) FROM idem_results WHERE machine = 'accounts'"
+                } else {
+                    "SELECT entity_key FROM idem_results WHERE machine = 'accounts'"
+                })
                 .fetch_one(&pool)
                 .await
                 .unwrap();
@@ -141,4 +157,12 @@ key_tests!(
     sqlx::PgPool,
     common::postgres(&format!("keys_{}", common::next_id()), 4).await,
     "UUID"
+);
+key_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("keys_{}", common::next_id()), 4).await,
+    "BINARY(16)",
+    positional = true
 );
