@@ -40,6 +40,9 @@ const TABLES: &str = "
 
 macro_rules! stream_handlers {
     ($module:ident, $db:ty) => {
+        stream_handlers!($module, $db, positional = false);
+    };
+    ($module:ident, $db:ty, positional = $positional:expr) => {
         pub mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -56,11 +59,26 @@ macro_rules! stream_handlers {
                 event: i64,
                 amount: i64,
             ) -> Result<i64, sqlx::Error> {
-                sqlx::query("INSERT INTO applied_events (account_id, event) VALUES ($1, $2)")
-                    .bind(account_id)
-                    .bind(event)
-                    .execute(&mut **tx)
-                    .await?;
+                sqlx::query(common::placed(
+                    $positional,
+                    "INSERT INTO applied_events (account_id, event) VALUES ($1, $2)",
+                ))
+                .bind(account_id)
+                .bind(event)
+                .execute(&mut **tx)
+                .await?;
+                if $positional {
+                    // MySQL: no UPDATE … RETURNING.
+                    sqlx::query("UPDATE accounts SET balance = balance + ? WHERE account_id = ?")
+                        .bind(amount)
+                        .bind(account_id)
+                        .execute(&mut **tx)
+                        .await?;
+                    return sqlx::query_scalar("SELECT balance FROM accounts WHERE account_id = ?")
+                        .bind(account_id)
+                        .fetch_one(&mut **tx)
+                        .await;
+                }
                 sqlx::query_scalar(
                     "UPDATE accounts SET balance = balance + $2 WHERE account_id = $1 RETURNING balance",
                 )
@@ -102,9 +120,13 @@ macro_rules! stream_handlers {
 }
 stream_handlers!(on_sqlite, sqlx::Sqlite);
 stream_handlers!(on_postgres, sqlx::Postgres);
+stream_handlers!(on_mysql, sqlx::MySql, positional = true);
 
 macro_rules! stream_tests {
     ($module:ident, $handlers:ident, $pool:ty, $setup:expr) => {
+        stream_tests!($module, $handlers, $pool, $setup, positional = false);
+    };
+    ($module:ident, $handlers:ident, $pool:ty, $setup:expr, positional = $positional:expr) => {
         mod $module {
             use super::*;
             use $handlers::{close, deposit, snapshot};
@@ -121,7 +143,7 @@ macro_rules! stream_tests {
             }
 
             async fn account(pool: &$pool, id: i64) -> (String, i64, i64) {
-                sqlx::query_as("SELECT status, version, balance FROM accounts WHERE account_id = $1")
+                sqlx::query_as(common::placed($positional, "SELECT status, version, balance FROM accounts WHERE account_id = $1"))
                     .bind(id)
                     .fetch_one(pool)
                     .await
@@ -268,6 +290,13 @@ stream_tests!(
     sqlx::PgPool,
     common::postgres(&format!("streams_{}", common::next_id()), 8).await
 );
+stream_tests!(
+    mysql,
+    on_mysql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("streams_{}", common::next_id()), 8).await,
+    positional = true
+);
 
 /// What the model expects of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,6 +409,7 @@ macro_rules! model_run {
 }
 model_run!(run_sqlite, on_sqlite, sqlx::SqlitePool);
 model_run!(run_postgres, on_postgres, sqlx::PgPool);
+model_run!(run_mysql, on_mysql, sqlx::MySqlPool);
 
 async fn with_tables<P>(pool: P) -> P
 where
@@ -418,8 +448,31 @@ fn postgres() -> Option<&'static Harness<sqlx::PgPool>> {
         .as_ref()
 }
 
+fn mysql() -> Option<&'static Harness<sqlx::MySqlPool>> {
+    static HARNESS: OnceLock<Option<Harness<sqlx::MySqlPool>>> = OnceLock::new();
+    HARNESS
+        .get_or_init(|| {
+            common::mysql_url()?;
+            Some(harness(async || {
+                let pool = with_tables(common::mysql("streams_model", 2).await.unwrap()).await;
+                idem::create_results_table::<Account, _>(&pool)
+                    .await
+                    .unwrap();
+                pool
+            }))
+        })
+        .as_ref()
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    #[test]
+    fn mysql_streams_agree_with_the_model(deliveries in deliveries()) {
+        if let Some(h) = mysql() {
+            h.runtime.block_on(run_mysql(&h.pool, &deliveries))?;
+        }
+    }
 
     #[test]
     fn sqlite_streams_agree_with_the_model(deliveries in deliveries()) {
