@@ -160,9 +160,9 @@ async fn a_loser_with_an_older_snapshot_is_a_duplicate_on_mysql() {
                 .fetch_one(&mut *tx)
                 .await?;
             assert_eq!(seen, "CREATED");
-            let outcome = pay_on_mysql(&mut tx, 1).await;
+            let outcome = pay_on_mysql(&mut tx, 1).await?;
             tx.commit().await?;
-            Ok::<_, idem::Error<sqlx::Error>>(outcome?)
+            Ok::<_, idem::Error<sqlx::Error>>(outcome)
         })
     };
     // Commit only once the loser's UPDATE runs, waiting for the winner's row lock (were it
