@@ -1,4 +1,4 @@
-//! idem against the SQL its users would write by hand, on PostgreSQL and SQLite.
+//! idem against the SQL its users would write by hand, on PostgreSQL, MariaDB and SQLite.
 //!
 //! Six ways to make "pay this order" idempotent (and idem's variants: a stored result, a
 //! span, the caller's transaction, columns set by the UPDATE, no transaction), on two
@@ -7,10 +7,11 @@
 //! so noise hits all strategies alike; the table shows the median.
 //!
 //! ```sh
-//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench strategies
+//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
+//! IDEM_BENCH_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench --bench strategies
 //! ```
 //!
-//! Without the URL only SQLite runs; `IDEM_BENCH_SQLITE=0` skips SQLite. `IDEM_BENCH_KEYS`
+//! Without the URLs only SQLite runs; `IDEM_BENCH_SQLITE=0` skips SQLite. `IDEM_BENCH_KEYS`
 //! (default 1000) and `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_STRATEGIES`
 //! (e.g. `idem,dedup`) runs only some strategies, with the floor. The results and the machine are in
 //! BENCHMARKS.md.
@@ -172,15 +173,40 @@ const TABLES_POSTGRES: &str = "
     CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0,
                          paid_at TIMESTAMPTZ, amount BIGINT);
     CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
-    CREATE TABLE processed (key TEXT PRIMARY KEY);
+    CREATE TABLE processed (dedup_key TEXT PRIMARY KEY);
 ";
 
 const TABLES_SQLITE: &str = "
     CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status TEXT NOT NULL, version BIGINT NOT NULL DEFAULT 0,
                          paid_at TEXT, amount BIGINT);
     CREATE TABLE payments (id INTEGER PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
-    CREATE TABLE processed (key TEXT PRIMARY KEY);
+    CREATE TABLE processed (dedup_key TEXT PRIMARY KEY);
 ";
+
+const TABLES_MYSQL: &str = "
+    DROP TABLE IF EXISTS orders, payments, processed;
+    CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL DEFAULT 0,
+                         paid_at DATETIME(6), amount BIGINT);
+    CREATE TABLE payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL);
+    CREATE TABLE processed (dedup_key VARCHAR(64) PRIMARY KEY);
+";
+
+/// A statement of the benchmark's own as `positional` backends (MySQL) take it: each `$n`,
+/// in order, a `?`.
+fn placed(positional: bool, sql: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    if !positional {
+        return sql;
+    }
+    static PLACED: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
+    let mut placed = PLACED.get_or_init(Default::default).lock().unwrap();
+    placed.entry(sql).or_insert_with(|| {
+        let p = idem_sql::placeholder::positional(sql);
+        assert!(p.order.iter().enumerate().all(|(i, n)| i == *n), "{sql}");
+        Box::leak(p.text.into_owned().into_boxed_str())
+    })
+}
 
 const PAYMENT: &str = "INSERT INTO payments (order_id, amount) VALUES ($1, 100)";
 const MARK_PAID: &str =
@@ -188,15 +214,23 @@ const MARK_PAID: &str =
 
 macro_rules! backend {
     ($module:ident, $db:ty, sqlite = $sqlite:expr, begin_write = $begin_write:expr, lock = $lock:expr, reset = $reset:expr) => {
+        backend!($module, $db, sqlite = $sqlite, begin_write = $begin_write, lock = $lock, reset = $reset, positional = false, dedup = "INSERT INTO processed (dedup_key) VALUES ($1) ON CONFLICT DO NOTHING");
+    };
+    ($module:ident, $db:ty, sqlite = $sqlite:expr, begin_write = $begin_write:expr, lock = $lock:expr, reset = $reset:expr, positional = $positional:expr, dedup = $dedup:expr) => {
         mod $module {
             use super::*;
             use sqlx::{Pool, Transaction};
+
+            /// `sql` as this backend binds it.
+            fn q(sql: &'static str) -> &'static str {
+                placed($positional, sql)
+            }
 
             pub type P = Pool<$db>;
 
             #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
             async fn pay(tx: &mut Transaction<'_, $db>, order_id: i64) -> Result<(), sqlx::Error> {
-                sqlx::query(PAYMENT)
+                sqlx::query(q(PAYMENT))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -208,7 +242,7 @@ macro_rules! backend {
                 tx: &mut Transaction<'_, $db>,
                 order_id: i64,
             ) -> Result<i64, sqlx::Error> {
-                sqlx::query(PAYMENT)
+                sqlx::query(q(PAYMENT))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -222,13 +256,13 @@ macro_rules! backend {
                 amount: i64,
             ) -> Result<(), sqlx::Error> {
                 sqlx::query(
-                    "UPDATE orders SET paid_at = CURRENT_TIMESTAMP, amount = $2 WHERE order_id = $1",
+                    q("UPDATE orders SET paid_at = CURRENT_TIMESTAMP, amount = $1 WHERE order_id = $2"),
                 )
-                .bind(order_id)
                 .bind(amount)
+                .bind(order_id)
                 .execute(&mut **tx)
                 .await?;
-                sqlx::query(PAYMENT)
+                sqlx::query(q(PAYMENT))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -244,7 +278,7 @@ macro_rules! backend {
                 order_id: i64,
                 amount: i64,
             ) -> Result<(), sqlx::Error> {
-                sqlx::query(PAYMENT)
+                sqlx::query(q(PAYMENT))
                     .bind(order_id)
                     .execute(&mut **tx)
                     .await?;
@@ -266,12 +300,12 @@ macro_rules! backend {
             /// The conditional UPDATE alone, in autocommit; on a miss, what the row is.
             async fn one_statement(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
                 let updated = sqlx::query(
-                    "UPDATE orders SET status = 'PAID', version = version + 1, \
-                     paid_at = CURRENT_TIMESTAMP, amount = $2 \
-                     WHERE order_id = $1 AND status = 'CREATED'",
+                    q("UPDATE orders SET status = 'PAID', version = version + 1, \
+                     paid_at = CURRENT_TIMESTAMP, amount = $1 \
+                     WHERE order_id = $2 AND status = 'CREATED'"),
                 )
-                .bind(order_id)
                 .bind(100i64)
+                .bind(order_id)
                 .execute(pool)
                 .await?
                 .rows_affected();
@@ -279,7 +313,7 @@ macro_rules! backend {
                     return Ok(true);
                 }
                 let state: Option<String> =
-                    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                    sqlx::query_scalar(q("SELECT status FROM orders WHERE order_id = $1"))
                         .bind(order_id)
                         .fetch_optional(pool)
                         .await?;
@@ -300,7 +334,7 @@ macro_rules! backend {
                 mut tx: Transaction<'static, $db>,
                 order_id: i64,
             ) -> Result<bool, sqlx::Error> {
-                sqlx::query(PAYMENT)
+                sqlx::query(q(PAYMENT))
                     .bind(order_id)
                     .execute(&mut *tx)
                     .await?;
@@ -311,8 +345,8 @@ macro_rules! backend {
             async fn hand_written(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
                 let mut tx = begin_write(pool).await?;
                 let updated = sqlx::query(
-                    "UPDATE orders SET status = 'PAID', version = version + 1 \
-                     WHERE order_id = $1 AND status = 'CREATED'",
+                    q("UPDATE orders SET status = 'PAID', version = version + 1 \
+                     WHERE order_id = $1 AND status = 'CREATED'"),
                 )
                 .bind(order_id)
                 .execute(&mut *tx)
@@ -323,7 +357,7 @@ macro_rules! backend {
                 }
                 // Tell a duplicate from a missing or misplaced row.
                 let state: Option<String> =
-                    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                    sqlx::query_scalar(q("SELECT status FROM orders WHERE order_id = $1"))
                         .bind(order_id)
                         .fetch_optional(&mut *tx)
                         .await?;
@@ -361,7 +395,47 @@ macro_rules! backend {
                 Ok(false)
             }
 
+            /// idem's MySQL statements, by hand, as MySQL binds them: each `$n` a `?`, in
+            /// the order they appear.
+            async fn idem_update_positional(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                use idem_sql::placeholder::positional;
+                let sql = Order::IDEM_SQL.of(idem::Dialect::MySql);
+                let (update, classify) = (positional(sql.update), positional(sql.classify));
+                let id = <Order as idem::Machine>::DEFINITION.id;
+                let key_text = order_id.to_string();
+                let mut tx = begin_write(pool).await?;
+                // `$3` to, `$1` key, `$2` from
+                assert_eq!(update.order, [2, 0, 1]);
+                let updated = sqlx::query(&update.text)
+                    .bind("PAID")
+                    .bind(order_id)
+                    .bind("CREATED")
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if updated == 1 {
+                    return pay_and_commit(tx, order_id).await;
+                }
+                // `$4` machine, `$5` key as text, `$2` from, `$3` to, `$1` key
+                assert_eq!(classify.order, [3, 4, 1, 2, 0]);
+                let row: (i64, Option<String>, Option<i64>, Option<String>) =
+                    sqlx::query_as(&classify.text)
+                        .bind(id)
+                        .bind(&key_text)
+                        .bind("CREATED")
+                        .bind("PAID")
+                        .bind(order_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                tx.rollback().await?;
+                assert_eq!(row.1.as_deref(), Some("PAID"));
+                Ok(false)
+            }
+
             async fn idem_statement(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                if $positional {
+                    return idem_update_positional(pool, order_id).await;
+                }
                 if $sqlite {
                     return idem_update(pool, order_id).await;
                 }
@@ -417,7 +491,7 @@ macro_rules! backend {
                 mut tx: Transaction<'static, $db>,
                 order_id: i64,
             ) -> Result<bool, sqlx::Error> {
-                sqlx::query(MARK_PAID)
+                sqlx::query(q(MARK_PAID))
                     .bind(order_id)
                     .execute(&mut *tx)
                     .await?;
@@ -435,18 +509,18 @@ macro_rules! backend {
             }
 
             async fn check_then_act(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                let read = "SELECT status FROM orders WHERE order_id = $1";
+                let read = q("SELECT status FROM orders WHERE order_id = $1");
                 read_then_act(pool.begin().await?, read, order_id).await
             }
 
             async fn for_update(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
-                read_then_act(begin_write(pool).await?, $lock, order_id).await
+                read_then_act(begin_write(pool).await?, q($lock), order_id).await
             }
 
             async fn dedup_table(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
                 let mut tx = begin_write(pool).await?;
                 let first =
-                    sqlx::query("INSERT INTO processed (key) VALUES ($1) ON CONFLICT DO NOTHING")
+                    sqlx::query(q($dedup))
                         .bind(format!("pay:{order_id}"))
                         .execute(&mut *tx)
                         .await?
@@ -520,7 +594,7 @@ macro_rules! backend {
             /// Fresh tables with `keys` orders in CREATED.
             pub async fn reset(pool: &P, keys: i64) {
                 for statement in $reset {
-                    sqlx::query(statement)
+                    sqlx::query(q(statement))
                         .bind(keys)
                         .execute(pool)
                         .await
@@ -641,6 +715,25 @@ backend!(
         "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $1) \
          INSERT INTO orders (order_id, status) SELECT n, 'CREATED' FROM g",
     ]
+);
+
+backend!(
+    mysql,
+    sqlx::MySql,
+    sqlite = false,
+    begin_write = None::<&'static str>,
+    lock = "SELECT status FROM orders WHERE order_id = $1 FOR UPDATE",
+    reset = [
+        "DELETE FROM orders WHERE $1 IS NOT NULL",
+        "DELETE FROM payments WHERE $1 IS NOT NULL",
+        "DELETE FROM processed WHERE $1 IS NOT NULL",
+        "DELETE FROM idem_results WHERE $1 IS NOT NULL",
+        "INSERT INTO orders (order_id, status) \
+         WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $1) \
+         SELECT n, 'CREATED' FROM g",
+    ],
+    positional = true,
+    dedup = "INSERT IGNORE INTO processed (dedup_key) VALUES ($1)"
 );
 
 /// The formatting subscriber of `support/formatting.rs`, for every span and event.
@@ -888,6 +981,14 @@ fn main() {
     } else {
         eprintln!("PostgreSQL skipped: set IDEM_BENCH_POSTGRES_URL");
     }
+    if let Some(url) = std::env::var("IDEM_BENCH_MYSQL_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        bench_mysql(&runtime, &url, keys, rounds);
+    } else {
+        eprintln!("MySQL skipped: set IDEM_BENCH_MYSQL_URL");
+    }
     if std::env::var("IDEM_BENCH_SQLITE").is_ok_and(|v| v == "0") {
         return;
     }
@@ -972,6 +1073,73 @@ fn bench_sqlite(
             mode.to_uppercase()
         ),
         strategies,
+        &results,
+        &statements,
+        keys,
+    );
+}
+
+fn bench_mysql(runtime: &tokio::runtime::Runtime, url: &str, keys: usize, rounds: usize) {
+    use std::str::FromStr;
+    let strategies = selected(&[
+        Strategy::Idem,
+        Strategy::IdemStored,
+        Strategy::IdemTraced,
+        Strategy::IdemInTransaction,
+        Strategy::IdemColumnsInBody,
+        Strategy::IdemColumnsSet,
+        Strategy::IdemOneStatement,
+        Strategy::HandWritten,
+        Strategy::HandWrittenIdemStatement,
+        Strategy::HandWrittenOneStatement,
+        Strategy::CheckThenAct,
+        Strategy::ForUpdate,
+        Strategy::DedupTable,
+    ]);
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(url)
+        .unwrap()
+        .database("idem_bench");
+    let connect = |max: u32| {
+        let options = options.clone();
+        async move {
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(max)
+                .min_connections(max)
+                .connect_with(options)
+                .await
+                .unwrap()
+        }
+    };
+    runtime.block_on(async {
+        let mut admin: sqlx::MySqlConnection = sqlx::Connection::connect(url).await.unwrap();
+        sqlx::raw_sql("DROP DATABASE IF EXISTS idem_bench; CREATE DATABASE idem_bench")
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let pool = connect(1).await;
+        sqlx::raw_sql(TABLES_MYSQL).execute(&pool).await.unwrap();
+        idem::migrate(&pool).await.unwrap();
+    });
+    let statements =
+        with_statement_log(async || mysql::statements_of(&connect(1).await, &strategies).await);
+    let pools: BTreeMap<usize, mysql::P> = runtime.block_on(async {
+        let mut pools = BTreeMap::new();
+        for tasks in TASKS {
+            pools.insert(tasks, connect(tasks as u32).await);
+        }
+        pools
+    });
+    let results = runtime.block_on(measure(
+        &strategies,
+        keys,
+        rounds,
+        |_, tasks| pools[&tasks].clone(),
+        mysql::reset,
+        mysql::timed,
+    ));
+    report(
+        "MariaDB (InnoDB, REPEATABLE READ)",
+        &strategies,
         &results,
         &statements,
         keys,

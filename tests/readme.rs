@@ -62,6 +62,23 @@ fn readme_shows_the_generated_sql() {
         sql.of(idem::Dialect::Postgres).store_result,
         sql.of(idem::Dialect::Sqlite).store_result
     );
+    // MySQL's, as sent: each `$n` a `?` of its own.
+    let mysql = sql.of(idem::Dialect::MySql);
+    let classify = idem_sql::placeholder::positional(mysql.classify).text;
+    assert!(
+        blocks.contains(&&*classify),
+        "README.md does not show MySQL's classifying read as sent:\n{classify}"
+    );
+    let upsert = "ON DUPLICATE KEY UPDATE result = VALUES(result)";
+    assert!(
+        mysql.store_result.contains(upsert),
+        "{}",
+        mysql.store_result
+    );
+    assert!(
+        readme.contains(upsert),
+        "README.md names MySQL's result upsert"
+    );
 }
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]

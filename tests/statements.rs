@@ -512,13 +512,23 @@ async fn mysql_statements() {
         log.first().is_some_and(|s| s.starts_with("BEGIN")),
         "{log:#?}"
     );
+    // A duplicate in a transaction idem began: the UPDATE was its first statement, so the
+    // classifying read needs no lock (InnoDB's snapshot begins there).
     assert!(!pay_mysql(&pool, 1).await.unwrap().is_applied());
     let log = take_log();
     assert_eq!(
         inside_transaction(&log),
-        [runs(sql.transition), runs(sql.classify)],
+        [runs(sql.transition), runs(sql.classify_unlocked)],
         "full log: {log:#?}"
     );
+    assert!(!runs(sql.classify_unlocked).contains("LOCK IN SHARE MODE"));
+    // Inside the caller's transaction, which may have read before: the locking read.
+    let mut tx = pool.begin().await.unwrap();
+    take_log();
+    assert!(!pay_mysql(&mut tx, 1).await.unwrap().is_applied());
+    tx.rollback().await.unwrap();
+    let log = take_log();
+    assert!(log.contains(&runs(sql.classify)), "full log: {log:#?}");
     assert!(runs(sql.classify).ends_with("LOCK IN SHARE MODE"));
     // Nothing to store: the UPDATE alone, in autocommit; a result to store: a transaction.
     assert!(pay_nothing_mysql(&pool, 2).await.unwrap().is_applied());
@@ -555,4 +565,9 @@ async fn mysql_statements() {
         [runs(sql.create), runs(sql.classify_created)],
         "full log: {log:#?}"
     );
+    // On the other backends the two reads are one.
+    for dialect in [idem::Dialect::Postgres, idem::Dialect::Sqlite] {
+        let sql = Order::IDEM_SQL.of(dialect);
+        assert_eq!(sql.classify_unlocked, sql.classify);
+    }
 }

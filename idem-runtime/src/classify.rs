@@ -135,6 +135,7 @@ mod tests {
         update: "",
         update_guarded: "",
         classify: "",
+        classify_unlocked: "",
         store_result: "",
         create_results_table: "",
         create: "",

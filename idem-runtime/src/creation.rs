@@ -14,7 +14,7 @@ use crate::glue::{Codec, MachineRef};
 use crate::key::{Key, KeyError};
 use crate::observe::Labels;
 use crate::statement::Storing;
-use crate::work::{Entered, Plan, Staged};
+use crate::work::{Entered, Entry, Plan, Staged};
 use std::convert::Infallible;
 
 /// What a creation did. `S` is the machine's state enum.
@@ -279,6 +279,7 @@ impl<DB: Backend, T, M> Storing<DB> for CreationPlan<T, M> {
         &self,
         conn: &mut DB::Connection,
         result: Option<&str>,
+        _: Entry,
     ) -> Result<Option<Creation<T, M>>, Error<Infallible>> {
         let moved = match self.create::<DB>(conn, result).await? {
             Created::Inserted(moved) => moved,
@@ -306,6 +307,7 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
     async fn enter(
         &self,
         conn: &mut DB::Connection,
+        _: Entry,
     ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
         Ok(match self.create::<DB>(conn, None).await? {
             Created::Inserted(moved) => Entered::Run(Staged {

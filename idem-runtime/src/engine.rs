@@ -12,7 +12,7 @@ use crate::machine::{Definition, Machine};
 use crate::observe::Labels;
 use crate::outcome::{Outcome, Refusal};
 use crate::transition::Transition;
-use crate::work::{Begun, Entered, Plan, Staged, begin};
+use crate::work::{Begun, Entered, Entry, Plan, Staged, begin};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
@@ -262,12 +262,13 @@ impl<M> TransitionStage<M> {
         }
     }
 
-    /// Attempts the transition in `conn`: the row moved, or why not.
+    /// Attempts the transition in `conn`, at `entry`: the row moved, or why not.
     pub(crate) async fn enter<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
+        entry: Entry,
     ) -> Result<Result<Moved, NotMoved<M>>, Error<Infallible>> {
-        self.enter_storing::<DB>(conn, None).await
+        self.enter_storing::<DB>(conn, None, entry).await
     }
 
     /// [`enter`](Self::enter), with the first result already known (`storing`, JSON, not
@@ -277,6 +278,7 @@ impl<M> TransitionStage<M> {
         &self,
         conn: &mut DB::Connection,
         storing: Option<&str>,
+        entry: Entry,
     ) -> Result<Result<Moved, NotMoved<M>>, Error<Infallible>> {
         let key = self
             .key
@@ -303,7 +305,10 @@ impl<M> TransitionStage<M> {
             storing,
         };
         let misses = MissRate::of(&transition);
-        let mut observed = attempt::<DB>(conn, &call, misses.inline()).await?;
+        // A read that is the transaction's first needs no lock to see what the UPDATE saw
+        // (see `Statements::classify_unlocked`); any later one does.
+        let unlocked = entry == Entry::Fresh;
+        let mut observed = attempt::<DB>(conn, &call, misses.inline(), unlocked).await?;
         misses.record(observed.is_some());
         let mut asked_again = 0;
         loop {
@@ -328,7 +333,7 @@ impl<M> TransitionStage<M> {
             // A concurrent transaction moved the row after this statement's snapshot: try
             // again with a fresh statement (and snapshot, under READ COMMITTED).
             asked_again += 1;
-            observed = attempt::<DB>(conn, &call, misses.inline()).await?;
+            observed = attempt::<DB>(conn, &call, misses.inline(), false).await?;
         }
     }
 }
@@ -383,8 +388,9 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
     async fn enter(
         &self,
         tx: &mut DB::Connection,
+        entry: Entry,
     ) -> Result<Entered<Outcome<T, M>>, Error<Infallible>> {
-        Ok(match self.stage.enter::<DB>(tx).await? {
+        Ok(match self.stage.enter::<DB>(tx, entry).await? {
             Ok(moved) => Entered::Run(Staged {
                 moved: Some(moved),
                 recorded: None,
@@ -420,16 +426,19 @@ impl<DB: Backend, T, M: Send> crate::statement::Storing<DB> for TransitionPlan<T
         &self,
         conn: &mut DB::Connection,
         result: Option<&str>,
+        entry: Entry,
     ) -> Result<Option<Outcome<T, M>>, Error<Infallible>> {
-        Ok(match self.stage.enter_storing::<DB>(conn, result).await? {
-            Ok(moved) => {
-                if let (Some(json), false) = (result, moved.stored) {
-                    moved.store::<DB>(conn, json).await?;
+        Ok(
+            match self.stage.enter_storing::<DB>(conn, result, entry).await? {
+                Ok(moved) => {
+                    if let (Some(json), false) = (result, moved.stored) {
+                        moved.store::<DB>(conn, json).await?;
+                    }
+                    None
                 }
-                None
-            }
-            Err(not_moved) => Some(not_moved.into_outcome(self.codec)?),
-        })
+                Err(not_moved) => Some(not_moved.into_outcome(self.codec)?),
+            },
+        )
     }
 }
 
@@ -684,6 +693,7 @@ async fn attempt<DB: Backend>(
     conn: &mut DB::Connection,
     call: &Call<'_>,
     inline: bool,
+    unlocked: bool,
 ) -> Result<Option<Observed>, sqlx::Error> {
     let t = call.transition;
     let sql = t.definition.sql.of(call.dialect);
@@ -705,7 +715,12 @@ async fn attempt<DB: Backend>(
         return Ok(None);
     }
     let params = call.params(&[from, to, machine, key_text]);
-    let columns = DB::fetch(conn, sql.classify, &params).await?;
+    let classify = if unlocked {
+        sql.classify_unlocked
+    } else {
+        sql.classify
+    };
+    let columns = DB::fetch(conn, classify, &params).await?;
     Ok(Some(observed(columns.unwrap_or_default())))
 }
 

@@ -54,11 +54,18 @@ impl MachineSql {
 /// `$1` … `$k`, the key's columns in declaration order, and every later position of the
 /// transition and classifying statements moves up by `k − 1` (`from` is `$k+1`). The key as
 /// text is the JSON array of the parts; `store_result` is unchanged.
+///
+/// MySQL's statements are those of SQLite (the rows marked SQLite apply to them), spelled
+/// for MySQL, and written with the same numbered parameters: MySQL binds positionally, so
+/// idem sends each `$n` as a `?` and binds the value again at each use
+/// (`idem_sql::placeholder::positional` gives the text as sent). Their classifying reads end
+/// with `LOCK IN SHARE MODE`, `store_result` is an `ON DUPLICATE KEY UPDATE`, and `create`
+/// has no `ON CONFLICT` (a taken key is the duplicate-key error, 1062).
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
     /// Attempts the transition. On PostgreSQL it also returns the current row and the
     /// stored first result when nothing was updated (columns `applied_version`, `found`,
-    /// `current_state`, `current_version`, `first_result`); on SQLite it is
+    /// `current_state`, `current_version`, `first_result`); on SQLite and MySQL it is
     /// [`update`](Self::update).
     pub transition: &'static str,
     /// [`transition`](Self::transition) with the optimistic-locking guard `version = $n`.
@@ -67,7 +74,7 @@ pub struct Statements {
     /// (`$k+5`, JSON; the expected version moves to `$k+6`) when it moves the row, so that a
     /// handler without a transaction is one autocommit statement. Empty on SQLite, which
     /// has no DML in a CTE (there the result is stored by [`store_result`](Self::store_result)
-    /// in a transaction).
+    /// in a transaction). Empty on MySQL too.
     pub transition_storing: &'static str,
     /// [`transition_storing`](Self::transition_storing) with the guard `version = $k+6`.
     pub transition_storing_guarded: &'static str,
@@ -77,7 +84,7 @@ pub struct Statements {
     /// nothing. On SQLite, [`update_watermark`](Self::update_watermark).
     pub transition_watermark: &'static str,
     /// [`transition_storing`](Self::transition_storing) with an event's watermark (`$k+6`).
-    /// Empty on SQLite.
+    /// Empty on SQLite and MySQL.
     pub transition_storing_watermark: &'static str,
     /// [`update`](Self::update) with an event's watermark (`$k+3`).
     pub update_watermark: &'static str,
@@ -90,6 +97,11 @@ pub struct Statements {
     /// Reads the current row and the stored first result (columns `found`,
     /// `current_state`, `current_version`, `first_result`).
     pub classify: &'static str,
+    /// [`classify`](Self::classify) as the first read of a transaction idem began: on
+    /// MySQL without `LOCK IN SHARE MODE` (InnoDB takes a REPEATABLE READ snapshot at a
+    /// transaction's first plain read, so it sees the row the UPDATE that missed saw, and
+    /// still locks); the same as `classify` elsewhere.
+    pub classify_unlocked: &'static str,
     /// Stores the first result of an applied transition (an upsert).
     pub store_result: &'static str,
     /// Creates the results table if it does not exist.
@@ -106,12 +118,13 @@ pub struct Statements {
     /// PostgreSQL: [`create`](Self::create) and the first result's insert in one
     /// statement, which also classifies a taken key, for a creation without a transaction:
     /// the key, `from` (empty), the state, the machine, the key as text, the result
-    /// (`$k+5`), then the columns set (`$k+6` on). Empty on SQLite.
+    /// (`$k+5`), then the columns set (`$k+6` on). Empty on SQLite and MySQL.
     pub create_storing: &'static str,
     /// Makes the database enforce the machine, whoever writes the table: only declared
     /// states in the state column, and an UPDATE of it only along a declared transition
     /// (PostgreSQL: a CHECK constraint and a row trigger, SQLSTATE 23514; SQLite: two
-    /// triggers, `RAISE(ABORT)`). A script of several statements, rerunnable; apply it
+    /// triggers, `RAISE(ABORT)`; MySQL: two triggers, `SIGNAL SQLSTATE '23000'`). A script
+    /// of several statements, rerunnable; apply it
     /// with [`enforce`](crate::enforce) or in a migration of yours.
     pub enforce: &'static str,
 }

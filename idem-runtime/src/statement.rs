@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::observe::Labels;
 use crate::stored::bounded;
-use crate::work::{Entered, Origin, Plan, stages_only_at};
+use crate::work::{Entered, Entry, Origin, Plan, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
 
@@ -29,6 +29,7 @@ pub trait Storing<DB: Backend>: Plan<DB> {
         &'a self,
         conn: &'a mut DB::Connection,
         result: Option<&'a str>,
+        entry: Entry,
     ) -> impl Future<Output = Result<Option<Self::Reply>, Error<Infallible>>> + Send + 'a;
 }
 
@@ -91,8 +92,9 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
     async fn enter(
         &self,
         conn: &mut DB::Connection,
+        entry: Entry,
     ) -> Result<Entered<Option<P::Reply>>, Error<Infallible>> {
-        let reply = self.plan.enter_storing(conn, self.result).await?;
+        let reply = self.plan.enter_storing(conn, self.result, entry).await?;
         Ok(Entered::Done {
             commit: reply.is_none(),
             reply,

@@ -251,10 +251,10 @@ async fn columns<DB: Backend>(
         (ColumnsOf::NameAndSchema, Some((schema, name))) => {
             vec![Param::Text(name), Param::Text(schema)]
         }
-        (ColumnsOf::NameAndSchema, None) if dialect == Dialect::Sqlite => {
-            vec![Param::Text(table), Param::Text("main")]
-        }
-        (ColumnsOf::NameAndSchema, None) => vec![Param::Text(table), Param::Null],
+        (ColumnsOf::NameAndSchema, None) => match dialect.default_schema() {
+            Some(schema) => vec![Param::Text(table), Param::Text(schema)],
+            None => vec![Param::Text(table), Param::Null],
+        },
     };
     let found = fetch_json::<DB>(conn, found, &params).await?;
     let found: Vec<(String, String, String)> = serde_json::from_str(&found).map_err(decode)?;

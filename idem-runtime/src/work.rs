@@ -64,6 +64,19 @@ pub struct Staged {
 /// Makes the reply of a call that gave up waiting for the writer's turn.
 pub type GaveUp<P, R> = fn(&P) -> R;
 
+/// Where a plan's stages run, as far as what the transaction has already read goes.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// First in a transaction idem began, or in autocommit: nothing has read in it yet, so
+    /// no snapshot exists (InnoDB takes a REPEATABLE READ snapshot at a transaction's first
+    /// plain read).
+    Fresh,
+    /// Inside the caller's transaction (a savepoint), or after another stage: whatever ran
+    /// before may have taken a snapshot.
+    Nested,
+}
+
 /// The stages of one kind of call, and the shape of its reply.
 pub trait Plan<DB: Backend>: Sync {
     /// The body's success value.
@@ -87,10 +100,11 @@ pub trait Plan<DB: Backend>: Sync {
         None
     }
 
-    /// Runs the stages in `tx`.
+    /// Runs the stages in `tx`, at `entry`.
     fn enter<'a>(
         &'a self,
         tx: &'a mut DB::Connection,
+        entry: Entry,
     ) -> impl Future<Output = Result<Entered<Self::Reply>, Error<Infallible>>> + Send + 'a;
 
     /// The body's value, serialized (`"null"` for nothing to store).
@@ -332,7 +346,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                 if let Ok(dialect) = DB::dialect(conn) {
                     span.record("db.system.name", dialect.system_name());
                 }
-                plan.enter(conn)
+                plan.enter(conn, Entry::Fresh)
                     .await
                     .map(|entered| (opened, writer, entered))
             }
@@ -416,7 +430,7 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
         Ok(savepoint) => savepoint,
         Err(e) => return Begun::Done(Err(e.into())),
     };
-    match plan.enter(&mut savepoint).await {
+    match plan.enter(&mut savepoint, Entry::Nested).await {
         Ok(Entered::Run(staged)) => Begun::Run(Work {
             tx: savepoint,
             _writer: None,

@@ -27,8 +27,8 @@ pub enum TypeKind {
 pub enum ColumnsOf {
     /// `$1`: the table's name quoted (`"billing"."orders"`), as the search path resolves it.
     Quoted,
-    /// `$1`: the table's name, `$2`: its schema (SQLite: `main` when unqualified; MySQL:
-    /// NULL, the connection's database).
+    /// `$1`: the table's name, `$2`: its schema, or when the name has none,
+    /// [`Dialect::default_schema`] (NULL if that is `None`: the connection's database).
     NameAndSchema,
 }
 
@@ -44,6 +44,16 @@ impl Dialect {
     /// `name` (`table` or `schema.table`) quoted in this dialect.
     pub fn quoted(self, name: &str) -> String {
         crate::ident::quoted_with(name, self.quote())
+    }
+
+    /// The schema an unqualified table name is looked up in by [`columns`](Self::columns),
+    /// where it takes one: SQLite's `main`; `None` for the connection's own (MySQL's
+    /// database; PostgreSQL resolves the name by its search path instead).
+    pub fn default_schema(self) -> Option<&'static str> {
+        match self {
+            Dialect::Sqlite => Some("main"),
+            Dialect::Postgres | Dialect::MySql => None,
+        }
     }
 
     /// The query of a table's columns, as one text column `found`: a JSON array of

@@ -65,6 +65,11 @@ pub struct Statements {
     pub update_guarded: String,
     /// The classifying read of a miss.
     pub classify: String,
+    /// [`classify`](Self::classify) as the first read of a transaction: MySQL's without
+    /// `LOCK IN SHARE MODE` (InnoDB takes a REPEATABLE READ snapshot at a transaction's
+    /// first plain read, so this one sees the row the UPDATE that missed saw, which holds
+    /// its lock); the same as `classify` elsewhere.
+    pub classify_unlocked: String,
     /// Stores an applied transition's first result.
     pub store_result: String,
     /// Creates the results table.
@@ -100,6 +105,9 @@ struct Spelling {
     /// How an insert gives way to a row with its unique key: `ON CONFLICT (…) DO
     /// NOTHING`, or nothing on MySQL (the runtime reads the duplicate-key error).
     insert_unless_taken: bool,
+    /// Whether a classifying read starts from the machine's row (MySQL), not from one row
+    /// of its own: see `Quoted::classified_rows`.
+    from_the_row: bool,
 }
 
 const STANDARD: Spelling = Spelling {
@@ -109,6 +117,7 @@ const STANDARD: Spelling = Spelling {
     same: "IS NOT DISTINCT FROM",
     locking: "",
     insert_unless_taken: true,
+    from_the_row: false,
 };
 
 const SQLITE: Spelling = Spelling {
@@ -123,6 +132,7 @@ const MYSQL: Spelling = Spelling {
     same: "<=>",
     locking: "\nLOCK IN SHARE MODE",
     insert_unless_taken: false,
+    from_the_row: true,
 };
 
 /// The quoted names, and the parameter positions: the key's columns come first
@@ -292,12 +302,10 @@ impl Quoted {
         format!(
             "SELECT {observed},\n\
              \x20      {content}\n\
-             FROM (SELECT 1) AS one\n\
-             {joins}{locking}",
+             {rows}",
             observed = self.observed_columns(),
             content = self.same_content(same, self.keys.len() + 5),
-            joins = self.current_row_and_result(),
-            locking = self.spelling.locking,
+            rows = self.classified_rows(self.spelling.locking),
         )
     }
 
@@ -359,13 +367,42 @@ impl Quoted {
     }
 
     fn classify(&self) -> String {
+        self.classify_locking(self.spelling.locking)
+    }
+
+    /// The classifying read, ending with `locking`.
+    fn classify_locking(&self, locking: &str) -> String {
         format!(
             "SELECT {}\n\
-             FROM (SELECT 1) AS one\n\
-             {}{}",
+             {}",
             self.observed_columns(),
-            self.current_row_and_result(),
-            self.spelling.locking,
+            self.classified_rows(locking),
+        )
+    }
+
+    /// Where a classifying read takes its row from: one row always, the machine's row and
+    /// its first result joined to it (`found` 0 when there is none); on MySQL, the machine's
+    /// row by its key, its first result joined, so no derived table is built per call (a
+    /// missing row is no row, which the runtime reads as not found), locking.
+    fn classified_rows(&self, locking: &str) -> String {
+        if !self.spelling.from_the_row {
+            return format!(
+                "FROM (SELECT 1) AS one\n{}{locking}",
+                self.current_row_and_result()
+            );
+        }
+        let Quoted { table, results, .. } = self;
+        format!(
+            "FROM {table} AS cur\n\
+             LEFT JOIN {results} AS res ON res.machine = {machine} AND res.entity_key = {text}\n\
+             \x20   AND res.from_state = CAST({from} AS {text_type}) AND res.to_state = CAST({to} AS {text_type})\n\
+             WHERE {key}{locking}",
+            key = self.key_matches("cur."),
+            text_type = self.spelling.text,
+            from = self.after_key(1),
+            to = self.after_key(2),
+            machine = self.after_key(3),
+            text = self.after_key(4),
         )
     }
 
@@ -566,6 +603,7 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
+        classify_unlocked: q.classify(),
         store_result: q.store_result(),
         create_results_table: q.create_results_table("TIMESTAMPTZ"),
         create: q.create(),
@@ -578,23 +616,8 @@ pub fn postgres(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
 /// (inside `BEGIN IMMEDIATE`, so nothing can change in between). `set` as for [`postgres`].
 pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
     let q = Quoted::new(names, set, &SQLITE);
-    Statements {
-        transition: q.plain_update(&Guard::Any),
-        transition_guarded: q.plain_update(&Guard::Expected),
-        transition_storing: String::new(),
-        transition_storing_guarded: String::new(),
-        transition_watermark: q.plain_update(&Guard::Watermark),
-        transition_storing_watermark: String::new(),
-        update_watermark: q.plain_update(&Guard::Watermark),
-        update: q.plain_update(&Guard::Any),
-        update_guarded: q.plain_update(&Guard::Expected),
-        classify: q.classify(),
-        store_result: q.store_result(),
-        create_results_table: q.create_results_table("TEXT"),
-        create: q.create(),
-        classify_created: q.classify_created(),
-        create_storing: String::new(),
-    }
+    let results_table = q.create_results_table("TEXT");
+    without_ctes(&q, results_table)
 }
 
 /// The MySQL and MariaDB statements: no `UPDATE … RETURNING` and no DML in a CTE, so a
@@ -605,6 +628,13 @@ pub fn sqlite(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
 /// `set` as for [`postgres`].
 pub fn mysql(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
     let q = Quoted::new(names, set, &MYSQL);
+    let results_table = q.mysql_create_results_table();
+    without_ctes(&q, results_table)
+}
+
+/// The statements of a backend that cannot write in a CTE: the plain UPDATE for every
+/// attempt, the classifying read after a miss, and no storing forms.
+fn without_ctes(q: &Quoted, create_results_table: String) -> Statements {
     Statements {
         transition: q.plain_update(&Guard::Any),
         transition_guarded: q.plain_update(&Guard::Expected),
@@ -616,8 +646,9 @@ pub fn mysql(names: &Names<'_>, set: &[Assignment<'_>]) -> Statements {
         update: q.plain_update(&Guard::Any),
         update_guarded: q.plain_update(&Guard::Expected),
         classify: q.classify(),
+        classify_unlocked: q.classify_locking(""),
         store_result: q.store_result(),
-        create_results_table: q.mysql_create_results_table(),
+        create_results_table,
         create: q.create(),
         classify_created: q.classify_created(),
         create_storing: String::new(),
@@ -869,8 +900,54 @@ mod tests {
     }
 
     #[test]
+    fn mysql_quotes_with_backticks_and_classifies_with_a_locking_read() {
+        let my = statements(&["order_id"], mysql);
+        assert_eq!(
+            my.update,
+            "UPDATE `orders`\n\
+             SET `status` = $3, `version` = `version` + 1\n\
+             WHERE `order_id` = $1 AND `status` = $2 AND `version` IS NOT NULL"
+        );
+        assert_eq!(my.transition, my.update);
+        assert!(my.classify.ends_with("\nLOCK IN SHARE MODE"));
+        assert!(
+            my.classify
+                .contains("CAST(cur.`version` AS SIGNED) AS current_version")
+        );
+        assert!(my.classify_created.ends_with("\nLOCK IN SHARE MODE"));
+        assert!(!my.create.contains("ON CONFLICT"), "{}", my.create);
+        assert!(
+            my.store_result
+                .contains("ON DUPLICATE KEY UPDATE result = VALUES(result)")
+        );
+        assert!(my.transition_storing.is_empty() && my.create_storing.is_empty());
+        let set = mysql(&names(&["order_id"]), &PAY_SET);
+        assert!(
+            set.classify_created
+                .contains("cur.`amount` <=> $6 AND cur.`note` <=> $7")
+        );
+        // From the row by its key, no derived table; as MySQL binds it, the classifying
+        // read's five parameters, each once, the key last.
+        assert!(
+            my.classify
+                .contains("FROM `orders` AS cur\nLEFT JOIN `idem_results` AS res")
+        );
+        assert!(
+            my.classify
+                .contains("\nWHERE cur.`order_id` = $1\nLOCK IN SHARE MODE")
+        );
+        let sent = crate::placeholder::positional(&my.classify);
+        assert_eq!(sent.order, [3, 4, 1, 2, 0]);
+    }
+
+    #[test]
     fn values_are_never_spliced() {
-        for s in [pg(), lite(), statements(&["a", "b"], postgres)] {
+        for s in [
+            pg(),
+            lite(),
+            statements(&["a", "b"], postgres),
+            statements(&["order_id"], mysql),
+        ] {
             for text in [
                 &s.transition,
                 &s.transition_guarded,

@@ -102,6 +102,42 @@ fn placed<'s, 'a>(
     Ok((placed.text, Cow::Owned(bound)))
 }
 
+/// The items of a `Backend` impl that every backend writes the same way, over this
+/// module's generic [`fetch`] and [`execute`]: `$dialect` is the connection's dialect,
+/// `$done` the driver's query result type.
+#[allow(unused_macros)]
+macro_rules! run_generically {
+    ($db:ty, $conn:ty, $dialect:expr, $done:ty) => {
+        fn fetch<'a>(
+            conn: &'a mut $conn,
+            sql: &'a str,
+            params: &'a [$crate::backend::Param<'a>],
+        ) -> impl core::future::Future<
+            Output = Result<Option<$crate::backend::Record>, sqlx::Error>,
+        > + Send
+        + 'a {
+            $crate::backend::generic::fetch::<$db>(conn, $dialect, sql, params)
+        }
+
+        fn execute<'a>(
+            conn: &'a mut $conn,
+            sql: &'a str,
+            params: &'a [$crate::backend::Param<'a>],
+        ) -> impl core::future::Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+            $crate::backend::generic::execute::<$db>(conn, $dialect, sql, params, <$done>::rows_affected)
+        }
+
+        async fn execute_script(conn: &mut $conn, sql: &str) -> Result<(), sqlx::Error> {
+            // A query without arguments runs as a script (PostgreSQL's simple protocol,
+            // SQLite stepping through every statement, MySQL's text protocol with several
+            // statements), and its future is already `Send`.
+            sqlx::Executor::execute(conn, sql).await.map(drop)
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(super) use run_generically;
+
 /// A query being built, on backend `DB`.
 pub(super) type Query<'a, DB> = sqlx::query::Query<'a, DB, <DB as Database>::Arguments<'a>>;
 

@@ -1,7 +1,7 @@
 //! MySQL and MariaDB (InnoDB): plain `BEGIN`, positional `?` parameters, and a miss
 //! classified by a second, locking read.
 
-use super::{Backend, Database, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, generic};
 use core::future::Future;
 use sqlx::{MySql, MySqlConnection, Pool, Transaction};
 
@@ -36,31 +36,10 @@ impl Backend for MySql {
         Ok(Dialect::MySql)
     }
 
-    fn fetch<'a>(
-        conn: &'a mut MySqlConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<MySql>(conn, Dialect::MySql, sql, params)
-    }
-
-    fn execute<'a>(
-        conn: &'a mut MySqlConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        generic::execute::<MySql>(
-            conn,
-            Dialect::MySql,
-            sql,
-            params,
-            sqlx::mysql::MySqlQueryResult::rows_affected,
-        )
-    }
-
-    async fn execute_script(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
-        // A query without arguments runs as text, several statements at once (sqlx asks
-        // for CLIENT_MULTI_STATEMENTS), and its future is already `Send`.
-        sqlx::Executor::execute(conn, sql).await.map(drop)
-    }
+    generic::run_generically!(
+        MySql,
+        MySqlConnection,
+        Dialect::MySql,
+        sqlx::mysql::MySqlQueryResult
+    );
 }

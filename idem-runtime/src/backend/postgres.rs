@@ -1,6 +1,6 @@
 //! PostgreSQL: one statement attempts the transition and classifies a miss.
 
-use super::{Backend, Database, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, Param, generic};
 use core::future::Future;
 use sqlx::{PgConnection, Pool, Postgres, Transaction};
 
@@ -68,31 +68,10 @@ impl Backend for Postgres {
         Ok(Dialect::Postgres)
     }
 
-    fn fetch<'a>(
-        conn: &'a mut PgConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<Postgres>(conn, Dialect::Postgres, sql, params)
-    }
-
-    fn execute<'a>(
-        conn: &'a mut PgConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        generic::execute::<Postgres>(
-            conn,
-            Dialect::Postgres,
-            sql,
-            params,
-            sqlx::postgres::PgQueryResult::rows_affected,
-        )
-    }
-
-    async fn execute_script(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
-        // A query without arguments runs as a script (PostgreSQL's simple protocol; SQLite
-        // steps through every statement), and its future is already `Send`.
-        sqlx::Executor::execute(conn, sql).await.map(drop)
-    }
+    generic::run_generically!(
+        Postgres,
+        PgConnection,
+        Dialect::Postgres,
+        sqlx::postgres::PgQueryResult
+    );
 }

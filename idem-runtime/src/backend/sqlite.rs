@@ -1,6 +1,6 @@
 //! SQLite: `BEGIN IMMEDIATE`, WAL and a busy timeout.
 
-use super::{Backend, Database, Dialect, Param, Record, generic};
+use super::{Backend, Database, Dialect, generic};
 use core::future::Future;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Pool, Sqlite, SqliteConnection, Transaction};
@@ -36,33 +36,12 @@ impl Backend for Sqlite {
         Ok(Dialect::Sqlite)
     }
 
-    fn fetch<'a>(
-        conn: &'a mut SqliteConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a {
-        generic::fetch::<Sqlite>(conn, Dialect::Sqlite, sql, params)
-    }
-
-    fn execute<'a>(
-        conn: &'a mut SqliteConnection,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        generic::execute::<Sqlite>(
-            conn,
-            Dialect::Sqlite,
-            sql,
-            params,
-            sqlx::sqlite::SqliteQueryResult::rows_affected,
-        )
-    }
-
-    async fn execute_script(conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
-        // A query without arguments runs as a script (PostgreSQL's simple protocol; SQLite
-        // steps through every statement), and its future is already `Send`.
-        sqlx::Executor::execute(conn, sql).await.map(drop)
-    }
+    generic::run_generically!(
+        Sqlite,
+        SqliteConnection,
+        Dialect::Sqlite,
+        sqlx::sqlite::SqliteQueryResult
+    );
 }
 
 /// Connect options for a SQLite database used by idem: WAL journal, `synchronous = FULL`,

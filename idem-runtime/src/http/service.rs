@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::glue::codec;
 use crate::inbox::{Claimed, Delivery, InboxPlan, InboxStage, MessageKey};
 use crate::stored::MAX_RESULT_LEN;
-use crate::work::{Begun, Entered, Plan, Staged, begin};
+use crate::work::{Begun, Entered, Entry, Plan, Staged, begin};
 use axum_core::body::Body;
 use bytes::Bytes;
 use core::future::Future;
@@ -448,7 +448,11 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
         Ok(())
     }
 
-    async fn enter(&self, _: &mut DB::Connection) -> Result<Entered<()>, Error<Infallible>> {
+    async fn enter(
+        &self,
+        _: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<()>, Error<Infallible>> {
         Ok(Entered::Run(Staged::default()))
     }
 

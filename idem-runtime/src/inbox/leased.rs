@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::Codec;
 use crate::observe::Labels;
-use crate::work::{Entered, GaveUp, Plan};
+use crate::work::{Entered, Entry, GaveUp, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -57,7 +57,11 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))
     }
 
-    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Claim<T>>, Error<Infallible>> {
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<Claim<T>>, Error<Infallible>> {
         let dialect = DB::dialect(tx)?;
         let lock_timeout = self
             .inbox
@@ -230,7 +234,11 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
         Ok(())
     }
 
-    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Recorded>, Error<Infallible>> {
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<Recorded>, Error<Infallible>> {
         let lease = self.lease;
         let inbox = &lease.inbox;
         let now = inbox.clock.now_millis();
@@ -336,7 +344,11 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
     // No lock timeout: only the lease's holder writes its record, so the wait is short,
     // and giving up would lose the lease.
 
-    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Extended>, Error<Infallible>> {
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<Extended>, Error<Infallible>> {
         let lease = self.lease;
         let now = lease.inbox.clock.now_millis();
         let until = now.saturating_add(millis(self.by));

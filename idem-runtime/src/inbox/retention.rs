@@ -7,7 +7,7 @@ use super::counters::Counter;
 use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::observe::Labels;
-use crate::work::{Entered, GaveUp, Plan};
+use crate::work::{Entered, Entry, GaveUp, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -37,7 +37,11 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))
     }
 
-    async fn enter(&self, tx: &mut DB::Connection) -> Result<Entered<Purged>, Error<Infallible>> {
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<Purged>, Error<Infallible>> {
         let statement = DB::dialect(tx)?.inbox_purge();
         let params = [
             Param::Text(&self.inbox.group),

@@ -11,7 +11,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::glue::Codec;
 use crate::observe::Labels;
 use crate::outcome::Refusal;
-use crate::work::{Entered, GaveUp, Plan, Staged};
+use crate::work::{Entered, Entry, GaveUp, Plan, Staged};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -244,6 +244,7 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     async fn enter(
         &self,
         tx: &mut DB::Connection,
+        _: Entry,
     ) -> Result<Entered<Delivery<T>>, Error<Infallible>> {
         Ok(
             match self
@@ -330,6 +331,7 @@ where
     async fn enter(
         &self,
         tx: &mut DB::Connection,
+        _: Entry,
     ) -> Result<Entered<Self::Reply>, Error<Infallible>> {
         let recorded = match self
             .inbox
@@ -344,35 +346,37 @@ where
                 });
             }
         };
-        Ok(match self.transition.enter::<DB>(tx).await? {
-            Ok(moved) => Entered::Run(Staged {
-                moved: Some(moved),
-                recorded: Some(recorded),
-            }),
-            Err(NotMoved::AlreadyDone { first_result, .. }) => {
-                // Done before, by another message or call: this message is a duplicate
-                // of it. Keep the record, with the first result to replay.
-                if let Some(json) = &first_result {
-                    recorded.store::<DB>(tx, json).await?;
+        Ok(
+            match self.transition.enter::<DB>(tx, Entry::Nested).await? {
+                Ok(moved) => Entered::Run(Staged {
+                    moved: Some(moved),
+                    recorded: Some(recorded),
+                }),
+                Err(NotMoved::AlreadyDone { first_result, .. }) => {
+                    // Done before, by another message or call: this message is a duplicate
+                    // of it. Keep the record, with the first result to replay.
+                    if let Some(json) = &first_result {
+                        recorded.store::<DB>(tx, json).await?;
+                    }
+                    Entered::Done {
+                        reply: Delivery::Duplicate {
+                            first_result: replay(self.codec, first_result)?,
+                        },
+                        commit: true,
+                    }
                 }
-                Entered::Done {
-                    reply: Delivery::Duplicate {
-                        first_result: replay(self.codec, first_result)?,
-                    },
+                Err(NotMoved::Refused(refusal)) => Entered::Done {
+                    reply: Delivery::Refused(refusal),
+                    commit: false,
+                },
+                // An event older than the row (a stage with a watermark; `#[idempotent]` does
+                // not combine one with an inbox): nothing left to do for this message, ever.
+                Err(NotMoved::Superseded { .. }) => Entered::Done {
+                    reply: Delivery::Duplicate { first_result: None },
                     commit: true,
-                }
-            }
-            Err(NotMoved::Refused(refusal)) => Entered::Done {
-                reply: Delivery::Refused(refusal),
-                commit: false,
+                },
             },
-            // An event older than the row (a stage with a watermark; `#[idempotent]` does
-            // not combine one with an inbox): nothing left to do for this message, ever.
-            Err(NotMoved::Superseded { .. }) => Entered::Done {
-                reply: Delivery::Duplicate { first_result: None },
-                commit: true,
-            },
-        })
+        )
     }
 
     fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
