@@ -898,6 +898,51 @@ fn with_statement_log<T>(f: impl AsyncFnOnce() -> T) -> T {
     result
 }
 
+/// The strategies measured on a database server (PostgreSQL, MariaDB).
+const SERVER_STRATEGIES: [Strategy; 13] = [
+    Strategy::Idem,
+    Strategy::IdemStored,
+    Strategy::IdemTraced,
+    Strategy::IdemInTransaction,
+    Strategy::IdemColumnsInBody,
+    Strategy::IdemColumnsSet,
+    Strategy::IdemOneStatement,
+    Strategy::HandWritten,
+    Strategy::HandWrittenIdemStatement,
+    Strategy::HandWrittenOneStatement,
+    Strategy::CheckThenAct,
+    Strategy::ForUpdate,
+    Strategy::DedupTable,
+];
+
+/// Every cell of a server backend (`$backend`: its module above), on pools from
+/// `$connect(max_connections)`, reported under `$title`.
+macro_rules! server_cells {
+    ($runtime:expr, $backend:ident, $connect:expr, $strategies:expr, $keys:expr, $rounds:expr, $title:expr) => {{
+        let connect = $connect;
+        let strategies = $strategies;
+        let statements = with_statement_log(async || {
+            $backend::statements_of(&connect(1).await, &strategies).await
+        });
+        let pools: BTreeMap<usize, $backend::P> = $runtime.block_on(async {
+            let mut pools = BTreeMap::new();
+            for tasks in TASKS {
+                pools.insert(tasks, connect(tasks as u32).await);
+            }
+            pools
+        });
+        let results = $runtime.block_on(measure(
+            &strategies,
+            $keys,
+            $rounds,
+            |_, tasks| pools[&tasks].clone(),
+            $backend::reset,
+            $backend::timed,
+        ));
+        report($title, &strategies, &results, &statements, $keys);
+    }};
+}
+
 fn main() {
     let keys = env_number("IDEM_BENCH_KEYS", 1000);
     let rounds = env_number("IDEM_BENCH_ROUNDS", 5);
@@ -917,21 +962,7 @@ fn main() {
         .ok()
         .filter(|u| !u.is_empty())
     {
-        let strategies = selected(&[
-            Strategy::Idem,
-            Strategy::IdemStored,
-            Strategy::IdemTraced,
-            Strategy::IdemInTransaction,
-            Strategy::IdemColumnsInBody,
-            Strategy::IdemColumnsSet,
-            Strategy::IdemOneStatement,
-            Strategy::HandWritten,
-            Strategy::HandWrittenIdemStatement,
-            Strategy::HandWrittenOneStatement,
-            Strategy::CheckThenAct,
-            Strategy::ForUpdate,
-            Strategy::DedupTable,
-        ]);
+        let strategies = selected(&SERVER_STRATEGIES);
         let connect = |max: u32| {
             let url = url.clone();
             async move {
@@ -959,25 +990,15 @@ fn main() {
             sqlx::raw_sql(TABLES_POSTGRES).execute(&pool).await.unwrap();
             idem::migrate(&pool).await.unwrap();
         });
-        let statements = with_statement_log(async || {
-            postgres::statements_of(&connect(1).await, &strategies).await
-        });
-        let pools: BTreeMap<usize, postgres::P> = runtime.block_on(async {
-            let mut pools = BTreeMap::new();
-            for tasks in TASKS {
-                pools.insert(tasks, connect(tasks as u32).await);
-            }
-            pools
-        });
-        let results = runtime.block_on(measure(
-            &strategies,
+        server_cells!(
+            runtime,
+            postgres,
+            connect,
+            strategies,
             keys,
             rounds,
-            |_, tasks| pools[&tasks].clone(),
-            postgres::reset,
-            postgres::timed,
-        ));
-        report("PostgreSQL", &strategies, &results, &statements, keys);
+            "PostgreSQL"
+        );
     } else {
         eprintln!("PostgreSQL skipped: set IDEM_BENCH_POSTGRES_URL");
     }
@@ -1081,21 +1102,7 @@ fn bench_sqlite(
 
 fn bench_mysql(runtime: &tokio::runtime::Runtime, url: &str, keys: usize, rounds: usize) {
     use std::str::FromStr;
-    let strategies = selected(&[
-        Strategy::Idem,
-        Strategy::IdemStored,
-        Strategy::IdemTraced,
-        Strategy::IdemInTransaction,
-        Strategy::IdemColumnsInBody,
-        Strategy::IdemColumnsSet,
-        Strategy::IdemOneStatement,
-        Strategy::HandWritten,
-        Strategy::HandWrittenIdemStatement,
-        Strategy::HandWrittenOneStatement,
-        Strategy::CheckThenAct,
-        Strategy::ForUpdate,
-        Strategy::DedupTable,
-    ]);
+    let strategies = selected(&SERVER_STRATEGIES);
     let options = sqlx::mysql::MySqlConnectOptions::from_str(url)
         .unwrap()
         .database("idem_bench");
@@ -1120,28 +1127,6 @@ fn bench_mysql(runtime: &tokio::runtime::Runtime, url: &str, keys: usize, rounds
         sqlx::raw_sql(TABLES_MYSQL).execute(&pool).await.unwrap();
         idem::migrate(&pool).await.unwrap();
     });
-    let statements =
-        with_statement_log(async || mysql::statements_of(&connect(1).await, &strategies).await);
-    let pools: BTreeMap<usize, mysql::P> = runtime.block_on(async {
-        let mut pools = BTreeMap::new();
-        for tasks in TASKS {
-            pools.insert(tasks, connect(tasks as u32).await);
-        }
-        pools
-    });
-    let results = runtime.block_on(measure(
-        &strategies,
-        keys,
-        rounds,
-        |_, tasks| pools[&tasks].clone(),
-        mysql::reset,
-        mysql::timed,
-    ));
-    report(
-        "MariaDB (InnoDB, REPEATABLE READ)",
-        &strategies,
-        &results,
-        &statements,
-        keys,
-    );
+    let title = "MariaDB (InnoDB, REPEATABLE READ)";
+    server_cells!(runtime, mysql, connect, strategies, keys, rounds, title);
 }
