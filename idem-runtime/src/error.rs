@@ -124,10 +124,10 @@ impl<E> Error<E> {
     }
 
     /// `true` if the transaction lost a conflict with a concurrent one — a serialization
-    /// failure or deadlock (PostgreSQL 40001, 40P01), a busy SQLite database — after idem
-    /// could no longer retry it alone: at COMMIT, or in a statement of the body. Everything
-    /// was rolled back, so calling the handler again is safe and may apply; [`retry`]
-    /// does that.
+    /// failure or deadlock (PostgreSQL 40001, 40P01; MySQL 1213), a busy SQLite database —
+    /// after idem could no longer retry it alone: at COMMIT, or in a statement of the body.
+    /// Everything was rolled back, so calling the handler again is safe and may apply;
+    /// [`retry`] does that.
     ///
     /// A handler error counts when idem can see the `sqlx::Error` inside it without knowing
     /// its type: an `sqlx::Error` itself (the body's `?` on a statement), a boxed

@@ -2,8 +2,8 @@
 //! the conflicts a call cannot retry alone.
 //!
 //! Under REPEATABLE READ or SERIALIZABLE, a transition whose row a concurrent transaction
-//! changed fails with a serialization failure (SQLSTATE 40001) or a deadlock (40P01); a
-//! SQLite writer can find the database busy. Idem retries the whole transaction, but only
+//! changed fails with a serialization failure (SQLSTATE 40001) or a deadlock (40P01; on
+//! MySQL, 1213); a SQLite writer can find the database busy. Idem retries the whole transaction, but only
 //! up to the conditional UPDATE: the body has not run yet, so a retry cannot duplicate an
 //! effect.
 

@@ -19,9 +19,9 @@ pub struct Positional<'a> {
     pub order: Vec<usize>,
 }
 
-/// `sql` with each `$n` outside quotes replaced by `?`, and the order to bind the
-/// parameters in. Text in single quotes, double quotes and backticks is left alone, and
-/// a statement without `$` is returned as it is.
+/// `sql` with each `$n` outside quotes and comments replaced by `?`, and the order to bind
+/// the parameters in. Text in single quotes, double quotes and backticks, and `--` comments
+/// to the end of their line, are left alone; a statement without `$` is returned as it is.
 ///
 /// ```
 /// use idem_sql::placeholder::positional;
@@ -49,6 +49,10 @@ pub fn positional(sql: &str) -> Positional<'_> {
             Some(q) if b == q => quote = None,
             Some(_) => {}
             None if matches!(b, b'\'' | b'"' | b'`') => quote = Some(b),
+            None if b == b'-' && bytes.get(i + 1) == Some(&b'-') => {
+                i += bytes[i..].iter().position(|&c| c == b'\n').unwrap_or(bytes.len() - i);
+                continue;
+            }
             None if b == b'$' => {
                 let digits = bytes[i + 1..]
                     .iter()
@@ -93,6 +97,9 @@ mod tests {
         let p = positional("SELECT '$1', \"$2\", `$3`, 'it''s $4', $0, $ , $5");
         assert_eq!(p.text, "SELECT '$1', \"$2\", `$3`, 'it''s $4', $0, $ , ?");
         assert_eq!(p.order, [4]);
+        let commented = positional("SELECT $1 -- it's $2\n, $2");
+        assert_eq!(commented.text, "SELECT ? -- it's $2\n, ?");
+        assert_eq!(commented.order, [0, 1]);
         let none = positional("SELECT 1");
         assert!(matches!(none.text, Cow::Borrowed(_)));
         assert!(none.order.is_empty());

@@ -230,8 +230,8 @@ pub(crate) fn is_duplicate(error: &sqlx::Error) -> bool {
 }
 
 /// Whether a retry of the whole transaction may succeed: serialization failures and
-/// deadlocks (PostgreSQL 40001, 40P01), a busy or locked SQLite database, a lost
-/// connection, an exhausted pool.
+/// deadlocks (PostgreSQL 40001, 40P01; MySQL 1213, MariaDB 1020), a busy or locked SQLite
+/// database, a lost connection, an exhausted pool.
 pub fn is_transient(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
