@@ -50,7 +50,10 @@ pub fn positional(sql: &str) -> Positional<'_> {
             Some(_) => {}
             None if matches!(b, b'\'' | b'"' | b'`') => quote = Some(b),
             None if b == b'-' && bytes.get(i + 1) == Some(&b'-') => {
-                i += bytes[i..].iter().position(|&c| c == b'\n').unwrap_or(bytes.len() - i);
+                i += bytes[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .unwrap_or(bytes.len() - i);
                 continue;
             }
             None if b == b'$' => {
