@@ -258,9 +258,11 @@ fn sql_doc(m: &Checked, statements: &[Statements], scripts: &[String]) -> String
          One autocommit statement moves the row and stores the first result (`${result}`, \
          JSON) in the same statement, or reports the row as above:\n\n```sql\n{pg_storing}\n```\n\n\
          # MySQL and MariaDB\n\n\
-         The same plain UPDATE and, after a miss, a locking read (so that under REPEATABLE READ \
-         it sees the row the UPDATE saw, not an older snapshot); each `$n` is bound as a `?` \
-         of its own:\n\n```sql\n{my}\n```\n\n```sql\n{my_classify}\n```\n\n\
+         The same plain UPDATE and, after a miss, the classifying read; each `$n` is bound as \
+         a `?` of its own. Inside the caller's transaction the read locks (so that under \
+         REPEATABLE READ it sees the row the UPDATE saw, not an older snapshot); as the first \
+         read of a transaction idem began it goes without `LOCK IN SHARE MODE` \
+         (`classify_unlocked`):\n\n```sql\n{my}\n```\n\n```sql\n{my_classify}\n```\n\n\
          # After the body\n\n\
          After the handler's body succeeded, if its result is not `null`:\n\n```sql\n{store}\n```\n\n\
          The results table (PostgreSQL):\n\n```sql\n{create}\n```\n\n\
