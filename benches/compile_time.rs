@@ -1,14 +1,16 @@
 //! What `#[idempotent]` costs at compile time: `cargo check` of a crate with 100 annotated
-//! handlers against the same 100 handlers written by hand (the conditional UPDATE, the
-//! classifying SELECT, the outcome), both on PostgreSQL through sqlx.
+//! handlers — in the card's form (associated functions in `impl Order`, no `machine`) and
+//! as free functions naming `machine = Order` — against the same 100 handlers written by
+//! hand (the conditional UPDATE, the classifying SELECT, the outcome), all on PostgreSQL
+//! through sqlx.
 //!
 //! ```sh
 //! cargo bench --bench compile_time
 //! ```
 //!
-//! The two crates are generated under the target directory, share one target directory
+//! The three crates are generated under the target directory, share one target directory
 //! (their dependencies are checked once, first), and are checked `IDEM_BENCH_ROUNDS` times
-//! (default 5) each, alternating, after touching their source. The results and the machine
+//! (default 5) each, in a rotating order, after touching their source. The results and the machine
 //! are in BENCHMARKS.md.
 
 use std::path::{Path, PathBuf};
@@ -42,10 +44,19 @@ pub enum Order {
 "#;
 
 fn annotated(n: usize) -> String {
+    handler(n, "machine = Order, ")
+}
+
+/// The card's form: the same handler as an associated function of the machine.
+fn card(n: usize) -> String {
+    handler(n, "")
+}
+
+fn handler(n: usize, machine: &str) -> String {
     let (from, to, verb) = TRANSITIONS[n % TRANSITIONS.len()];
     format!(
         r#"
-#[idem::idempotent(machine = Order, key = "order_id", from = "{from}", to = "{to}")]
+#[idem::idempotent({machine}key = "order_id", from = "{from}", to = "{to}")]
 pub async fn {verb}_{n}(tx: &mut Transaction<'_, Postgres>, order_id: i64, amount: i64) -> Result<i64, sqlx::Error> {{
     sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, '{verb}', $2)")
         .bind(order_id).bind(amount).execute(&mut **tx).await?;
@@ -178,6 +189,14 @@ fn main() {
         .unwrap_or(5);
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-compile-bench");
     let target = root.join("target");
+    let card_form = write_crate(
+        &root,
+        "handlers_card",
+        MACHINE,
+        std::iter::once("impl Order {\n".to_owned())
+            .chain((0..HANDLERS).map(card))
+            .chain(std::iter::once("}\n".to_owned())),
+    );
     let with_idem = write_crate(
         &root,
         "handlers_idem",
@@ -190,31 +209,31 @@ fn main() {
         HAND_WRITTEN_PRELUDE,
         (0..HANDLERS).map(hand_written),
     );
+    let crates = [
+        ("`#[idempotent]`, the card's form (in `impl Order`)", card_form),
+        ("`#[idempotent(machine = Order, …)]`", with_idem),
+        ("hand-written handlers", by_hand),
+    ];
     eprintln!("checking the dependencies once…");
-    check(&with_idem, &target);
-    check(&by_hand, &target);
+    for (_, dir) in &crates {
+        check(dir, &target);
+    }
 
-    let (mut idem_times, mut hand_times) = (Vec::new(), Vec::new());
+    let mut times = vec![Vec::new(); crates.len()];
     for round in 0..rounds {
-        // Alternate which goes first, so drift hits both.
-        if round % 2 == 0 {
-            idem_times.push(check(&with_idem, &target));
-            hand_times.push(check(&by_hand, &target));
-        } else {
-            hand_times.push(check(&by_hand, &target));
-            idem_times.push(check(&with_idem, &target));
+        // Rotate which goes first, so drift hits all.
+        for i in 0..crates.len() {
+            let c = (round + i) % crates.len();
+            times[c].push(check(&crates[c].1, &target));
         }
     }
-    let (idem, hand) = (median(idem_times.clone()), median(hand_times.clone()));
+    let medians: Vec<Duration> = times.iter().cloned().map(median).collect();
     println!(
         "`cargo check` of {HANDLERS} handlers, median of {rounds} (after touching the source):\n"
     );
     println!("| crate | median | all runs |");
     println!("|---|---:|---|");
-    for (name, median, runs) in [
-        ("`#[idempotent]` handlers", idem, &idem_times),
-        ("hand-written handlers", hand, &hand_times),
-    ] {
+    for (((name, _), median), runs) in crates.iter().zip(&medians).zip(&times) {
         let runs: Vec<String> = runs
             .iter()
             .map(|d| format!("{:.2}", d.as_secs_f64()))
@@ -225,9 +244,17 @@ fn main() {
             runs.join(", ")
         );
     }
+    let hand = medians[2].as_secs_f64();
+    println!();
+    for (name, median) in crates.iter().map(|c| c.0).zip(&medians).take(2) {
+        println!(
+            "{name} / hand-written: ratio {:.2}; {:+.1} ms per handler",
+            median.as_secs_f64() / hand,
+            (median.as_secs_f64() - hand) * 1000.0 / HANDLERS as f64
+        );
+    }
     println!(
-        "\nratio {:.2}; {:+.1} ms per handler",
-        idem.as_secs_f64() / hand.as_secs_f64(),
-        (idem.as_secs_f64() - hand.as_secs_f64()) * 1000.0 / HANDLERS as f64
+        "card's form / `machine = Order`: ratio {:.2}",
+        medians[0].as_secs_f64() / medians[1].as_secs_f64()
     );
 }

@@ -69,39 +69,45 @@ struct Receipt {
 // moves it: the effect row and the state change commit together or not at all. Every
 // other call (a duplicate, a message in the wrong state) runs no body and writes nothing.
 
-/// The payment provider's callback: CREATED → PAID, records the payment.
-#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
-async fn pay(
-    tx: &mut Transaction<'_, Any>,
-    order_id: i64,
-    amount: i64,
-) -> Result<Receipt, sqlx::Error> {
-    let payment_id =
-        sqlx::query_scalar("INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
+// The handlers are associated functions of the machine: in `impl Order` the attribute
+// needs no `machine = …` (`Self` is the machine), and they are called `Order::pay(…)`.
+impl Order {
+    /// The payment provider's callback: CREATED → PAID, records the payment.
+    #[idempotent(key = "order_id", from = "CREATED", to = "PAID")]
+    async fn pay(
+        tx: &mut Transaction<'_, Any>,
+        order_id: i64,
+        amount: i64,
+    ) -> Result<Receipt, sqlx::Error> {
+        let payment_id = sqlx::query_scalar(
+            "INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(order_id)
+        .bind(amount)
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(Receipt { payment_id, amount })
+    }
+
+    /// The warehouse's "handed to the carrier": PAID → SHIPPED, returns the shipment id.
+    #[idempotent(key = "order_id", from = "PAID", to = "SHIPPED")]
+    async fn ship(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("INSERT INTO shipments (order_id) VALUES ($1) RETURNING id")
             .bind(order_id)
-            .bind(amount)
             .fetch_one(&mut **tx)
-            .await?;
-    Ok(Receipt { payment_id, amount })
-}
+            .await
+    }
 
-/// The warehouse's "handed to the carrier": PAID → SHIPPED, returns the shipment id.
-#[idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
-async fn ship(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("INSERT INTO shipments (order_id) VALUES ($1) RETURNING id")
-        .bind(order_id)
-        .fetch_one(&mut **tx)
-        .await
-}
-
-/// The customer cancels: CREATED → CANCELLED, returns the cancellation id. A paid order
-/// cannot be cancelled here (refunds are another workflow), so that comes out IllegalState.
-#[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "CANCELLED")]
-async fn cancel(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("INSERT INTO cancellations (order_id) VALUES ($1) RETURNING id")
-        .bind(order_id)
-        .fetch_one(&mut **tx)
-        .await
+    /// The customer cancels: CREATED → CANCELLED, returns the cancellation id. A paid order
+    /// cannot be cancelled here (refunds are another workflow), so that comes out
+    /// IllegalState.
+    #[idempotent(key = "order_id", from = "CREATED", to = "CANCELLED")]
+    async fn cancel(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("INSERT INTO cancellations (order_id) VALUES ($1) RETURNING id")
+            .bind(order_id)
+            .fetch_one(&mut **tx)
+            .await
+    }
 }
 
 /// A message from the outside world, as a consumer receives it.
@@ -128,13 +134,13 @@ async fn deliver(pool: &AnyPool, event: Event) -> Result<Delivered, idem::Error<
     loop {
         attempt += 1;
         let delivered = match event {
-            Event::Pay { order_id, amount } => pay(pool, order_id, amount)
+            Event::Pay { order_id, amount } => Order::pay(pool, order_id, amount)
                 .await
                 .map(|outcome| Delivered::Pay(order_id, outcome)),
-            Event::Ship { order_id } => ship(pool, order_id)
+            Event::Ship { order_id } => Order::ship(pool, order_id)
                 .await
                 .map(|outcome| Delivered::Ship(order_id, outcome)),
-            Event::Cancel { order_id } => cancel(pool, order_id)
+            Event::Cancel { order_id } => Order::cancel(pool, order_id)
                 .await
                 .map(|outcome| Delivered::Cancel(order_id, outcome)),
         };

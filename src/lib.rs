@@ -5,7 +5,7 @@
 //! handler annotated with
 //!
 //! ```ignore
-//! #[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+//! #[idempotent(key = "order_id", from = "CREATED", to = "PAID")]
 //! ```
 //!
 //! into one conditional `UPDATE` with a version guard, run in the same transaction as the
@@ -36,16 +36,19 @@
 //! #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 //! struct Receipt { payment_id: i64 }
 //!
-//! /// Records the payment and moves the order CREATED → PAID, at most once per order.
-//! #[idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
-//! async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount: i64)
-//!     -> Result<Receipt, sqlx::Error>
-//! {
-//!     let payment_id = sqlx::query_scalar(
-//!         "INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
-//!         .bind(order_id).bind(amount)
-//!         .fetch_one(&mut **tx).await?;
-//!     Ok(Receipt { payment_id })
+//! impl Order {
+//!     /// Records the payment and moves the order CREATED → PAID, at most once per order.
+//!     /// In the machine's `impl`, the machine is `Self`: no `machine = Order` needed.
+//!     #[idempotent(key = "order_id", from = "CREATED", to = "PAID")]
+//!     async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount: i64)
+//!         -> Result<Receipt, sqlx::Error>
+//!     {
+//!         let payment_id = sqlx::query_scalar(
+//!             "INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
+//!             .bind(order_id).bind(amount)
+//!             .fetch_one(&mut **tx).await?;
+//!         Ok(Receipt { payment_id })
+//!     }
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -58,8 +61,8 @@
 //!     .execute(&pool).await?;
 //! idem::create_results_table::<Order, _>(&pool).await?;
 //!
-//! let first = pay(&pool, 7, 1000).await?;   // the payment callback
-//! let again = pay(&pool, 7, 1000).await?;   // the provider retries it
+//! let first = Order::pay(&pool, 7, 1000).await?;   // the payment callback
+//! let again = Order::pay(&pool, 7, 1000).await?;   // the provider retries it
 //! assert_eq!(first, Outcome::Applied(Receipt { payment_id: 1 }));
 //! assert_eq!(again, Outcome::AlreadyDone {
 //!     current: Order::Paid,
@@ -67,6 +70,9 @@
 //! });
 //! # Ok(()) }
 //! ```
+//!
+//! Outside the machine's `impl` (a free function, a method of another type), the handler
+//! names its machine: `#[idempotent(machine = Order, key = "order_id", …)]`.
 //!
 //! The handler keeps its name, visibility, attributes and parameters, except that the
 //! transaction parameter becomes the pool the transaction comes from (`&Pool<Sqlite>`):

@@ -264,3 +264,32 @@ fn readme_shows_the_enforcing_sql() {
         "README.md does not show the enforcing script as generated:\n{enforce}"
     );
 }
+
+/// The compile errors the README quotes are the ones trybuild pins: each ```text block that
+/// points into `tests/ui/fail/` is a message of that file's `.stderr`, as rustc prints it.
+#[test]
+fn readme_quotes_the_compile_errors_as_pinned() {
+    let readme = include_str!("../README.md");
+    let mut quoted = 0;
+    for block in readme
+        .split("```text\n")
+        .skip(1)
+        .map(|rest| rest.split("\n```").next().unwrap())
+    {
+        let Some(path) = block
+            .lines()
+            .find_map(|line| line.trim_start().strip_prefix("--> tests/ui/fail/"))
+        else {
+            continue;
+        };
+        let file = path.split(':').next().unwrap().replace(".rs", ".stderr");
+        let pinned = std::fs::read_to_string(format!("tests/ui/fail/{file}"))
+            .unwrap_or_else(|e| panic!("README.md quotes tests/ui/fail/{file}: {e}"));
+        assert!(
+            pinned.contains(block),
+            "README.md quotes a message of tests/ui/fail/{file} that it does not pin:\n{block}"
+        );
+        quoted += 1;
+    }
+    assert!(quoted >= 3, "README.md quotes {quoted} compile errors");
+}

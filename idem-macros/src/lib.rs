@@ -9,6 +9,9 @@ mod handler;
 mod ident;
 mod keys;
 mod machine;
+#[cfg(test)]
+mod snapshots;
+mod suggest;
 
 use proc_macro::TokenStream;
 
@@ -62,29 +65,44 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// ```
 /// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 /// # #[machine(table = "orders", key = "order_id", state = "status")]
-/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// # enum Order {
+/// #     #[state(name = "CREATED", to(Paid))] Created,
+/// #     #[state(name = "PAID", to(Shipped))] Paid,
+/// #     #[state(name = "SHIPPED")] Shipped,
+/// # }
 /// use sqlx::{Sqlite, Transaction};
 ///
-/// #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
-/// async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
-///     sqlx::query("INSERT INTO payments (order_id) VALUES ($1)")
-///         .bind(order_id)
-///         .execute(&mut **tx)
-///         .await?;
+/// impl Order {
+///     // An associated function of the machine: `Self` is the machine.
+///     #[idem::idempotent(key = "order_id", from = "CREATED", to = "PAID")]
+///     async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+///         sqlx::query("INSERT INTO payments (order_id) VALUES ($1)")
+///             .bind(order_id)
+///             .execute(&mut **tx)
+///             .await?;
+///         Ok(())
+///     }
+/// }
+///
+/// // Anywhere else, the handler names its machine.
+/// #[idem::idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
+/// async fn ship(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+///     let _ = (tx, order_id);
 ///     Ok(())
 /// }
 ///
 /// // The transaction parameter became the pool; the result, an outcome.
 /// async fn caller(pool: &sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
-///     let outcome: idem::Outcome<(), Order> = pay(pool, 7).await?;
+///     let outcome: idem::Outcome<(), Order> = Order::pay(pool, 7).await?;
 ///     assert!(outcome.is_done());
+///     let _shipped = ship(pool, 7).await?;
 ///     Ok(())
 /// }
 /// ```
 ///
 /// | argument | meaning |
 /// |---|---|
-/// | `machine = Path` | the `#[derive(StateMachine)]` enum |
+/// | `machine = Path` | the `#[derive(StateMachine)]` enum; optional in `impl` of that enum, where the machine is `Self` |
 /// | `key = "param"` | the parameter holding the row's key (`i64`, `i32`, `String`, `&str`, …); for a machine with a composite key, one parameter per key column, in the machine's order: `key = ("tenant", "order_id")` |
 /// | `from = "STATE"` | the state the row must be in |
 /// | `to = "STATE"` | the state it moves to; `from → to` must be declared |
@@ -123,7 +141,13 @@ pub fn derive_state_machine(input: TokenStream) -> TokenStream {
 /// `idem::Handled<Result<T, E>, Machine>` = `Result<idem::Outcome<T, Machine>, idem::Error<E>>`.
 /// It begins a transaction, runs the conditional UPDATE, runs the body only if the row
 /// moved, stores the result, and commits; any other outcome rolls back an empty
-/// transaction. Every misuse is a compile error on the offending token.
+/// transaction. Every misuse is a compile error on the offending token; a misspelled state,
+/// parameter or argument gets a "did you mean" with the near name.
+///
+/// Without `machine = …` the machine is `Self`: the handler must be an associated function
+/// (or method) in an `impl` of the machine. Outside any `impl` rustc reports "cannot find
+/// type `Self`" on the attribute; in the `impl` of a type that is no state machine, the error
+/// says to name the machine or derive it.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::idempotent_inner(args.into(), item.into()).into()

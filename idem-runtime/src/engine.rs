@@ -57,11 +57,8 @@ where
     F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
 {
     let plan = TransitionPlan::new(
-        machine::<M>(),
+        TransitionStage::new(machine::<M>(), transition, key, expected_version),
         codec::<Result<T, E>>(),
-        transition,
-        key,
-        expected_version,
     );
     match begin(pool, &plan).await {
         Begun::Run(mut work) => {
@@ -346,34 +343,9 @@ pub struct TransitionPlan<T, M> {
 }
 
 impl<T, M> TransitionPlan<T, M> {
-    /// The plan of transition `transition` of `machine` on row `key`.
-    pub fn new(
-        machine: MachineRef<M>,
-        codec: Codec<T>,
-        transition: Transition,
-        key: CallKey,
-        expected_version: Option<i64>,
-    ) -> Self {
-        TransitionPlan {
-            stage: TransitionStage::new(machine, transition, key, expected_version),
-            codec,
-        }
-    }
-
-    /// The plan of an event of a stream, see [`TransitionStage::watermark`].
-    pub fn watermark(mut self, watermark: Result<i64, String>) -> Self {
-        self.stage = self.stage.watermark(watermark);
-        self
-    }
-
-    /// The plan that also sets `columns` in the UPDATE, see [`TransitionStage::set`].
-    pub fn set(
-        mut self,
-        columns: &'static SetColumns,
-        values: Vec<Result<ColumnValue, ColumnProblem>>,
-    ) -> Self {
-        self.stage = self.stage.set(columns, values);
-        self
+    /// The plan of one transition stage, whose result is stored with `codec`.
+    pub fn new(stage: TransitionStage<M>, codec: Codec<T>) -> Self {
+        TransitionPlan { stage, codec }
     }
 }
 

@@ -35,6 +35,22 @@ pub const fn machine<M: Machine>() -> MachineRef<M> {
     }
 }
 
+/// The machine of a handler without `machine = …`: the type of its `impl` (`Self`), which
+/// must be a state machine. Its own trait, so that the error says how to fix that.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idem state machine, and this handler names no `machine`",
+    label = "without `machine = …`, `#[idempotent]` moves the type of the handler's `impl`: `{Self}`",
+    note = "name the machine, `#[idempotent(machine = Order, …)]`, or make `{Self}` one: `#[derive(idem::StateMachine)] #[machine(table = \"…\", key = \"…\")]`"
+)]
+pub trait MachineOfImpl: Machine {}
+
+impl<M: Machine> MachineOfImpl for M {}
+
+/// [`machine`] for a handler that names no machine: `M` is `Self`.
+pub const fn machine_of_impl<M: MachineOfImpl>() -> MachineRef<M> {
+    machine::<M>()
+}
+
 /// A machine's picture, as the derive drew it. A call rather than the literal, so that
 /// rustdoc does not print the whole SVG source as the constant's value.
 pub const fn picture(svg: &'static str) -> &'static str {

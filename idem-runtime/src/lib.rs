@@ -71,7 +71,7 @@ pub mod __private {
     pub use crate::creation::CreationPlan;
     pub use crate::engine::{TransitionPlan, TransitionStage};
     pub use crate::glue::{
-        Codec, MachineRef, NoDatabaseInTheBody, PoolOf, codec, machine, picture,
+        Codec, MachineRef, NoDatabaseInTheBody, PoolOf, codec, machine, machine_of_impl, picture,
     };
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
     pub use crate::statement::statement;

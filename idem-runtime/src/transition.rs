@@ -87,7 +87,17 @@ pub const fn state_error(definition: &Definition, name: &str) -> Option<Transiti
         .push(name)
         .push("` in state machine `")
         .push(definition.name)
-        .push("`; its states are: ");
+        .push("`; ");
+    if let Some(near) = idem_sql::spelling::nearest(name, definition.states) {
+        let near = definition.states[near];
+        msg = msg.push("did you mean `").push(near).push("`? ");
+        if near.len() == name.len() && near.eq_ignore_ascii_case(name) {
+            msg = msg.push("State names are case-sensitive. ");
+        }
+        msg = msg.push("Its states are: ");
+    } else {
+        msg = msg.push("its states are: ");
+    }
     let mut i = 0;
     while i < definition.states.len() {
         if i > 0 {

@@ -10,10 +10,62 @@ use super::signature::Handler;
 use crate::ctxt::Ctxt;
 use crate::keys::KeyNames;
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::{LitStr, Path};
 
-pub const KEYS: &str =
-    "machine, key, from, to, version, watermark, create, set, inbox, message, payload";
+pub const KEYS: [&str; 11] = [
+    "machine",
+    "key",
+    "from",
+    "to",
+    "version",
+    "watermark",
+    "create",
+    "set",
+    "inbox",
+    "message",
+    "payload",
+];
+
+/// The machine a handler moves: named by `machine = …`, or, without it, the type of the
+/// `impl` the handler is an associated function of.
+pub enum MachineName {
+    Named(Path),
+    /// `Self`, spanned at the attribute: outside an `impl` (or in one of a type that is no
+    /// machine), that is where rustc reports it.
+    OfImpl(Span),
+}
+
+impl MachineName {
+    /// The machine as written, for docs: `Order`, `crate::orders::Order`, `Self`.
+    pub fn text(&self) -> String {
+        match self {
+            MachineName::Named(path) => {
+                let text = path
+                    .segments
+                    .iter()
+                    .map(|s| s.ident.to_string())
+                    .collect::<Vec<_>>()
+                    .join("::");
+                if path.leading_colon.is_some() {
+                    format!("::{text}")
+                } else {
+                    text
+                }
+            }
+            MachineName::OfImpl(_) => "Self".to_owned(),
+        }
+    }
+}
+
+impl ToTokens for MachineName {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        match self {
+            MachineName::Named(path) => path.to_tokens(tokens),
+            MachineName::OfImpl(span) => syn::Token![Self](*span).to_tokens(tokens),
+        }
+    }
+}
 
 pub struct Args {
     pub transition: Option<TransitionArgs>,
@@ -24,7 +76,7 @@ pub struct Args {
 /// A creation: `machine = Order, key = "out_trade_no", create = "CREATED"`, and the columns
 /// it writes besides the key, state and version, `set(…)`.
 pub struct CreationArgs {
-    pub machine: Path,
+    pub machine: MachineName,
     pub key: KeyNames,
     /// The initial state the row is created in.
     pub state: LitStr,
@@ -32,7 +84,7 @@ pub struct CreationArgs {
 }
 
 pub struct TransitionArgs {
-    pub machine: Path,
+    pub machine: MachineName,
     /// The parameters holding the row's key: one per key column of the machine.
     pub key: KeyNames,
     pub from: LitStr,
@@ -158,7 +210,14 @@ impl Args {
                         .join("::");
                     cx.error_spanned_by(
                         &meta.path,
-                        format!("unknown argument `{shown}`; valid arguments are: {KEYS}"),
+                        format!(
+                            "unknown argument `{shown}`; {}",
+                            crate::suggest::did_you_mean(
+                                &shown,
+                                &KEYS,
+                                &format!("valid arguments are: {}", KEYS.join(", "))
+                            )
+                        ),
                     );
                     if meta.input.peek(syn::Token![=]) {
                         let _: syn::Expr = meta.value()?.parse()?;
@@ -204,16 +263,15 @@ impl Args {
             }
             missing_arguments(
                 cx,
-                &[("machine", machine.is_none()), ("key", key.is_none())],
-                "`machine` names the `#[derive(StateMachine)]` enum and `key` the parameter holding \
-                 the new row's key, e.g. \
-                 `#[idempotent(machine = Order, key = \"out_trade_no\", create = \"CREATED\", set(amount))]`",
+                &[("key", key.is_none())],
+                "`key` names the parameter holding the new row's key, e.g. \
+                 `#[idempotent(key = \"out_trade_no\", create = \"CREATED\", set(amount))]`",
             );
             return Some(Args {
                 transition: None,
                 inbox: None,
                 creation: Some(CreationArgs {
-                    machine: machine?,
+                    machine: machine_name(machine),
                     key: key?,
                     state,
                     set: set.unwrap_or_default(),
@@ -245,14 +303,12 @@ impl Args {
             missing_arguments(
                 cx,
                 &[
-                    ("machine", machine.is_none()),
                     ("key", key.is_none()),
                     ("from", from.is_none()),
                     ("to", to.is_none()),
                 ],
-                "`machine` names the `#[derive(StateMachine)]` enum, `key` the parameter holding the \
-                 row's key, `from` and `to` the states, e.g. \
-                 `#[idempotent(machine = Order, key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`",
+                "`key` names the parameter holding the row's key, `from` and `to` the states, e.g. \
+                 `#[idempotent(key = \"order_id\", from = \"CREATED\", to = \"PAID\")]`",
             );
         }
         if let (Some(f), Some(t), None) = (&from, &to, &watermark)
@@ -280,7 +336,7 @@ impl Args {
         }
         let transition = if wants_transition || !wants_inbox {
             Some(TransitionArgs {
-                machine: machine?,
+                machine: machine_name(machine),
                 key: key?,
                 from: from?,
                 to: to?,
@@ -360,6 +416,14 @@ fn set_value(input: syn::parse::ParseStream<'_>) -> syn::Result<SetValue> {
                 "a column of `set` takes a parameter's name as a string (`= \"amount\"`) or the database's clock (`= now()`); {SET_FORM}"
             ),
         )),
+    }
+}
+
+/// `machine = …` as given or, without it, the type of the handler's `impl`.
+fn machine_name(machine: Option<Path>) -> MachineName {
+    match machine {
+        Some(path) => MachineName::Named(path),
+        None => MachineName::OfImpl(Span::call_site()),
     }
 }
 
@@ -456,7 +520,19 @@ pub fn check_against(cx: &mut Ctxt, args: &Args, handler: &Handler) {
                     handler.name
                 )
             };
-            cx.error_spanned_by(lit, format!("{shown}; {listed}"));
+            let params = handler
+                .params
+                .iter()
+                .map(|p| p.ident.to_string())
+                .collect::<Vec<_>>();
+            let params = params.iter().map(String::as_str).collect::<Vec<_>>();
+            cx.error_spanned_by(
+                lit,
+                format!(
+                    "{shown}; {}",
+                    crate::suggest::did_you_mean(&name, &params, &listed)
+                ),
+            );
         }
     }
     for (i, (what, lit)) in named.iter().enumerate() {

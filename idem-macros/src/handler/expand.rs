@@ -3,7 +3,7 @@
 //! the body (as an async block) run only if the row moved, and compile-time checks of the
 //! transition spanned at the user's tokens.
 
-use super::args::{Args, CreationArgs, InboxArgs, SetValue, TransitionArgs};
+use super::args::{Args, CreationArgs, InboxArgs, MachineName, SetValue, TransitionArgs};
 use super::signature::Handler;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -60,13 +60,12 @@ pub fn expand(
 
     // The result must be storable: required once, on the user's return type.
     let codec = quote_spanned! {output.span()=>
-        const __IDEM_CODEC: ::idem::__private::Codec<<#output as ::idem::Fallible>::Ok> =
-            <<#output as ::idem::Fallible>::Ok as ::idem::Storable>::CODEC;
+        <<#output as ::idem::Fallible>::Ok as ::idem::Storable>::CODEC
     };
     let into_result = quote_spanned!(output.span()=> ::idem::Fallible::into_result);
     // The expansion's locals are invisible to the body (mixed-site hygiene), so a user
     // parameter named like one of them is not shadowed.
-    let [plan, work, result] = ["__idem_plan", "__idem_work", "__idem_result"]
+    let [plan, work, result, held] = ["__idem_plan", "__idem_work", "__idem_result", "__idem_held"]
         .map(|name| Ident::new(name, Span::mixed_site()));
     let doc = handler_doc(args, handler);
 
@@ -74,33 +73,23 @@ pub fn expand(
     let (checks, make_plan) = match (&args.transition, &args.inbox) {
         _ if args.creation.is_some() => {
             let c = args.creation.as_ref().expect("just matched");
-            creation_checks(c, handler)
+            creation_checks(c, handler, &codec)
         }
         (Some(t), None) => {
-            let (checks, call, set) = transition_checks(t, handler);
-            let make = quote! {
-                ::idem::__private::TransitionPlan::new(
-                    __IDEM_MACHINE, __IDEM_CODEC, __IDEM_TRANSITION, #call,
-                )#set
-            };
+            let (checks, stage) = transition_checks(t, handler);
+            let make = quote!(::idem::__private::TransitionPlan::new(#stage, #codec));
             (checks, make)
         }
         (None, Some(i)) => {
             let stage = inbox_stage(i);
-            let make = quote!(::idem::__private::InboxPlan::new(#stage, __IDEM_CODEC));
+            let make = quote!(::idem::__private::InboxPlan::new(#stage, #codec));
             (TokenStream::new(), make)
         }
         (Some(t), Some(i)) => {
-            let (checks, call, set) = transition_checks(t, handler);
+            let (checks, transition) = transition_checks(t, handler);
             let stage = inbox_stage(i);
             let make = quote! {
-                ::idem::__private::ConsumerTransitionPlan::new(
-                    #stage,
-                    ::idem::__private::TransitionStage::new(
-                        __IDEM_MACHINE, __IDEM_TRANSITION, #call,
-                    )#set,
-                    __IDEM_CODEC,
-                )
+                ::idem::__private::ConsumerTransitionPlan::new(#stage, #transition, #codec)
             };
             (checks, make)
         }
@@ -115,7 +104,6 @@ pub fn expand(
             #[doc = ""]
             #[doc = #doc]
             #vis #outer {
-                #codec
                 #checks
                 let #plan = #make_plan;
                 let #origin = ::idem::Source::origin(#tx);
@@ -134,7 +122,6 @@ pub fn expand(
         #[doc = ""]
         #[doc = #doc]
         #vis #outer {
-            #codec
             #checks
             let #plan = #make_plan;
             let mut #work = match ::idem::__private::start(::idem::Source::origin(#tx), &#plan).await {
@@ -144,21 +131,19 @@ pub fn expand(
                 }
             };
             let #result = {
-                let held = #work.held();
+                let #held = #work.held();
                 let #tx: #tx_type = #work.transaction();
-                held.run(::idem::__private::body::<#output, _>(async move #block)).await
+                #held.run(::idem::__private::body::<#output, _>(async move #block)).await
             };
             #work.finish(&#plan, #into_result(#result)).await
         }
     }
 }
 
-/// The compile-time checks of a transition, the arguments of the call that runs it
-/// (`key, expected_version`) and the columns it sets (`.set(…)`, or nothing).
-fn transition_checks(
-    t: &TransitionArgs,
-    handler: &Handler,
-) -> (TokenStream, TokenStream, TokenStream) {
+/// The compile-time checks of a transition, its stage (`TransitionStage::new(…)`, with the
+/// key, the expected version, the watermark) and the columns it sets (`.set(…)`, or
+/// nothing).
+fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, TokenStream) {
     let TransitionArgs {
         machine,
         from,
@@ -168,26 +153,24 @@ fn transition_checks(
         watermark,
         set,
     } = t;
-    let machine_ref = machine_ref(machine);
+    let machine = machine_ref(machine);
+    let definition = quote!(#machine.definition());
     // Each check is its own constant so that every mistake is reported, each on its token.
-    let check_from = state_check(from);
-    let check_to = state_check(to);
+    let check_from = state_check(&definition, from);
+    let check_to = state_check(&definition, to);
     // An event that keeps the state (`from == to`, with a watermark) is no transition of
     // the machine's graph: it needs no declared edge.
     let keeps_state = watermark.is_some() && from.value() == to.value();
     let check_transition = if keeps_state {
         TokenStream::new()
     } else {
-        quote_spanned! {to.span()=>
-            const _: () = if let ::idem::__private::Some(message) =
-                ::idem::__private::transition_error(__IDEM_MACHINE.definition(), #from, #to)
-            {
-                ::core::panic!("{}", message.as_str())
-            };
-        }
+        check(
+            to.span(),
+            quote!(::idem::__private::transition_error(#definition, #from, #to)),
+        )
     };
     let param_type = |name: &syn::LitStr| param_type(handler, name);
-    let (check_key, key_expr) = key_checks(key, &param_type);
+    let (check_key, key_expr) = key_checks(&definition, key, &param_type);
     let version_expr = match version {
         Some(v) => {
             let ident = Ident::new(&v.value(), v.span());
@@ -200,7 +183,7 @@ fn transition_checks(
         }
         None => quote!(::idem::__private::None),
     };
-    let (check_set, mut set_call) = set_columns(set, &param_type);
+    let (check_set, mut set_call) = set_columns(&definition, set, &param_type);
     if let Some(w) = watermark {
         let ident = Ident::new(&w.value(), w.span());
         let value = match param_type(w) {
@@ -212,23 +195,49 @@ fn transition_checks(
         set_call.extend(quote!(.watermark(#value)));
     }
     let checks = quote! {
-        #machine_ref
         #check_from
         #check_to
         #check_transition
         #check_key
         #check_set
-        const __IDEM_TRANSITION: ::idem::Transition =
-            ::idem::__private::resolve(__IDEM_MACHINE.definition(), #from, #to);
     };
-    (checks, quote!(#key_expr, #version_expr), set_call)
+    let stage = quote! {
+        ::idem::__private::TransitionStage::new(
+            #machine,
+            const { ::idem::__private::resolve(#definition, #from, #to) },
+            #key_expr,
+            #version_expr,
+        )#set_call
+    };
+    (checks, stage)
 }
 
-/// `machine = …` must name a state machine: required once, on the user's token.
-fn machine_ref(machine: &syn::Path) -> TokenStream {
-    quote_spanned! {machine.span()=>
-        const __IDEM_MACHINE: ::idem::__private::MachineRef<#machine> =
-            ::idem::__private::machine::<#machine>();
+/// The machine, as a value: `machine = …` must name a state machine, and without it the
+/// type of the handler's `impl` must be one. Every use is spanned at the same token, so
+/// that a type that is no machine is reported once, there.
+fn machine_ref(machine: &MachineName) -> TokenStream {
+    match machine {
+        MachineName::Named(path) => quote_spanned! {path.span()=>
+            ::idem::__private::machine::<#path>()
+        },
+        MachineName::OfImpl(span) => quote_spanned! {*span=>
+            ::idem::__private::machine_of_impl::<#machine>()
+        },
+    }
+}
+
+/// One compile-time check: `error`, an `Option` of a message, evaluated in a constant that
+/// fails the build with the message, spanned at `span` (the user's token). An array
+/// length, so that it is evaluated when the handler is type-checked (`cargo check` too) and
+/// may name `Self`, which an item inside the function may not.
+fn check(span: Span, error: TokenStream) -> TokenStream {
+    quote_spanned! {span=>
+        let _: [(); {
+            if let ::idem::__private::Some(message) = #error {
+                ::core::panic!("{}", message.as_str())
+            }
+            0
+        }];
     }
 }
 
@@ -246,6 +255,7 @@ fn param_type(handler: &Handler, name: &syn::LitStr) -> Option<syn::Type> {
 /// The check that `key` names one parameter per key column of the machine (reported on
 /// the `key` argument), and the call's key.
 fn key_checks(
+    definition: &TokenStream,
     key: &crate::keys::KeyNames,
     param_type: &dyn Fn(&syn::LitStr) -> Option<syn::Type>,
 ) -> (TokenStream, TokenStream) {
@@ -265,57 +275,58 @@ fn key_checks(
         many => quote!(::idem::CallKey::from(::idem::__private::composite_key([#(#many),*]))),
     };
     let names = &key.names;
-    let check_key = quote_spanned! {key.span=>
-        const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::key_error(__IDEM_MACHINE.definition(), &[#(#names),*])
-        {
-            ::core::panic!("{}", message.as_str())
-        };
-    };
+    let check_key = check(
+        key.span,
+        quote!(::idem::__private::key_error(#definition, &[#(#names),*])),
+    );
     (check_key, key_expr)
 }
 
-/// The compile-time checks of a creation and the plan that runs it.
-fn creation_checks(c: &CreationArgs, handler: &Handler) -> (TokenStream, TokenStream) {
+/// The compile-time checks of a creation and the plan that runs it, whose result is stored
+/// with `codec`.
+fn creation_checks(
+    c: &CreationArgs,
+    handler: &Handler,
+    codec: &TokenStream,
+) -> (TokenStream, TokenStream) {
     let CreationArgs {
         machine,
         key,
         state,
         set,
     } = c;
-    let machine_ref = machine_ref(machine);
-    let check_state = state_check(state);
-    let check_initial = quote_spanned! {state.span()=>
-        const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::creation_error(__IDEM_MACHINE.definition(), #state)
-        {
-            ::core::panic!("{}", message.as_str())
-        };
-    };
+    let machine = machine_ref(machine);
+    let definition = quote!(#machine.definition());
+    let check_state = state_check(&definition, state);
+    let check_initial = check(
+        state.span(),
+        quote!(::idem::__private::creation_error(#definition, #state)),
+    );
     let param_type = |name: &syn::LitStr| param_type(handler, name);
-    let (check_key, key_expr) = key_checks(key, &param_type);
-    let (check_set, set_call) = set_columns(set, &param_type);
+    let (check_key, key_expr) = key_checks(&definition, key, &param_type);
+    let (check_set, set_call) = set_columns(&definition, set, &param_type);
     let checks = quote! {
-        #machine_ref
         #check_state
         #check_initial
         #check_key
         #check_set
-        const __IDEM_STATE: usize =
-            ::idem::__private::state_index(__IDEM_MACHINE.definition(), #state);
     };
     let make = quote! {
         ::idem::__private::CreationPlan::new(
-            __IDEM_MACHINE, __IDEM_CODEC, __IDEM_STATE, #key_expr,
+            #machine,
+            #codec,
+            const { ::idem::__private::state_index(#definition, #state) },
+            #key_expr,
         )#set_call
     };
     (checks, make)
 }
 
 /// The columns of `set(…)`: their static (the handler's statements are built from it once
-/// per backend), a check per column that the machine does not own it, on the column's
-/// token, and the call that adds them and their values to the stage.
+/// per backend) and a check per column that the machine does not own it, on the column's
+/// token; and the call that adds them and their values to the stage.
 fn set_columns(
+    definition: &TokenStream,
     set: &[super::args::SetColumn],
     param_type: &dyn Fn(&syn::LitStr) -> Option<syn::Type>,
 ) -> (TokenStream, TokenStream) {
@@ -337,13 +348,10 @@ fn set_columns(
     });
     let checks = set.iter().map(|c| {
         let column = &c.column;
-        quote_spanned! {column.span()=>
-            const _: () = if let ::idem::__private::Some(message) =
-                ::idem::__private::column_error(__IDEM_MACHINE.definition(), #column)
-            {
-                ::core::panic!("{}", message.as_str())
-            };
-        }
+        check(
+            column.span(),
+            quote!(::idem::__private::column_error(#definition, #column)),
+        )
     });
     let values = set.iter().filter_map(|c| match &c.value {
         SetValue::Param(param) => {
@@ -381,14 +389,12 @@ fn inbox_stage(i: &InboxArgs) -> TokenStream {
     quote!(::idem::__private::InboxStage::new(#inbox, #message, #payload))
 }
 
-fn state_check(state: &syn::LitStr) -> TokenStream {
-    quote_spanned! {state.span()=>
-        const _: () = if let ::idem::__private::Some(message) =
-            ::idem::__private::state_error(__IDEM_MACHINE.definition(), #state)
-        {
-            ::core::panic!("{}", message.as_str())
-        };
-    }
+/// The check that `state` is declared by the machine, on the user's string.
+fn state_check(definition: &TokenStream, state: &syn::LitStr) -> TokenStream {
+    check(
+        state.span(),
+        quote!(::idem::__private::state_error(#definition, #state)),
+    )
 }
 
 fn handler_doc(args: &Args, handler: &Handler) -> String {
@@ -406,7 +412,7 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         )
     });
     if let Some(c) = &args.creation {
-        let machine = path_text(&c.machine);
+        let machine = c.machine.text();
         let sets = c
             .set
             .iter()
@@ -465,7 +471,7 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
             inbox.unwrap_or_default()
         );
     };
-    let machine = path_text(&t.machine);
+    let machine = t.machine.text();
     let (from, to) = (t.from.value(), t.to.value());
     let n = t.key.names.len();
     let key = t.key.shown();
@@ -565,19 +571,4 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         ));
     }
     doc
-}
-
-/// A path as written (`Order`, `crate::orders::Order`, `::orders::Order`), for docs.
-fn path_text(path: &syn::Path) -> String {
-    let text = path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect::<Vec<_>>()
-        .join("::");
-    if path.leading_colon.is_some() {
-        format!("::{text}")
-    } else {
-        text
-    }
 }

@@ -7,8 +7,8 @@ use crate::keys::KeyNames;
 use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
-pub const MACHINE_KEYS: &str = "table, key, state, version, results, id";
-pub const STATE_KEYS: &str = "name, to";
+pub const MACHINE_KEYS: [&str; 6] = ["table", "key", "state", "version", "results", "id"];
+pub const STATE_KEYS: [&str; 2] = ["name", "to"];
 
 pub struct Machine {
     pub ident: Ident,
@@ -82,7 +82,14 @@ impl Machine {
                         let name = path_name(&meta.path);
                         cx.error_spanned_by(
                             &meta.path,
-                            format!("unknown `machine` argument `{name}`; valid arguments are: {MACHINE_KEYS}"),
+                            format!(
+                                "unknown `machine` argument `{name}`; {}",
+                                crate::suggest::did_you_mean(
+                                    &name,
+                                    &MACHINE_KEYS,
+                                    &format!("valid arguments are: {}", MACHINE_KEYS.join(", "))
+                                )
+                            ),
                         );
                         // consume the value so parsing continues with the next argument
                         if meta.input.peek(syn::Token![=]) {
@@ -178,7 +185,12 @@ impl State {
                     cx.error_spanned_by(
                         &meta.path,
                         format!(
-                            "unknown `state` argument `{name}`; valid arguments are: {STATE_KEYS}"
+                            "unknown `state` argument `{name}`; {}",
+                            crate::suggest::did_you_mean(
+                                &name,
+                                &STATE_KEYS,
+                                &format!("valid arguments are: {}", STATE_KEYS.join(", "))
+                            )
                         ),
                     );
                     if meta.input.peek(syn::Token![=]) {

@@ -94,12 +94,13 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
         }
     }
 
-    let variants = machine
+    let variant_names = machine
         .states
         .iter()
         .map(|s| s.ident.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+        .collect::<Vec<_>>();
+    let variant_refs = variant_names.iter().map(String::as_str).collect::<Vec<_>>();
+    let variants = variant_names.join(", ");
     let mut transitions = Vec::new();
     let mut edge_span: HashMap<(usize, usize), Span> = HashMap::new();
     for (from, s) in machine.states.iter().enumerate() {
@@ -108,8 +109,13 @@ pub fn check(cx: &mut Ctxt, machine: Machine) -> Option<Checked> {
                 cx.error_spanned_by(
                     target,
                     format!(
-                        "`{target}` is not a state of `{}`; its states are: {variants}",
-                        machine.ident
+                        "`{target}` is not a state of `{}`; {}",
+                        machine.ident,
+                        crate::suggest::did_you_mean(
+                            &target.to_string(),
+                            &variant_refs,
+                            &format!("its states are: {variants}")
+                        )
                     ),
                 );
                 continue;

@@ -57,10 +57,12 @@ mod workflow {
         order_id: i64,
         __idem_key: i64,
         __idem_version: ::core::option::Option<i64>,
+        held: i64,
+        __idem_plan: i64,
     ) -> ::core::result::Result<i64, ::sqlx::Error> {
         let message: &'static str = "the body's own locals";
-        let _ = message;
-        ::core::result::Result::Ok(__idem_key + order_id)
+        let _ = (message, tx);
+        ::core::result::Result::Ok(__idem_key + order_id + held + __idem_plan)
     }
 }
 

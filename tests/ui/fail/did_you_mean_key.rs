@@ -1,0 +1,26 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+// `key` names no parameter, but one is close: the message suggests it.
+impl Order {
+    #[idempotent(key = "orderid", from = "CREATED", to = "PAID")]
+    async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64, amount: i64) -> Result<(), sqlx::Error> {
+        let _ = (tx, amount);
+        Ok(())
+    }
+}
+
+fn main() {}

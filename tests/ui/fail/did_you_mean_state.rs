@@ -1,0 +1,32 @@
+use idem::{StateMachine, idempotent};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID", to(Shipped))]
+    Paid,
+    #[state(name = "SHIPPED")]
+    Shipped,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+// A state name off by its case or a letter: the message suggests the declared one.
+impl Order {
+    #[idempotent(key = "order_id", from = "created", to = "PAYED")]
+    async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+        let _ = tx;
+        Ok(())
+    }
+
+    #[idempotent(key = "order_id", from = "PAID", to = "SHIPED")]
+    async fn ship(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+        let _ = tx;
+        Ok(())
+    }
+}
+
+fn main() {}
