@@ -210,7 +210,10 @@ fn main() {
         (0..HANDLERS).map(hand_written),
     );
     let crates = [
-        ("`#[idempotent]`, the card's form (in `impl Order`)", card_form),
+        (
+            "`#[idempotent]`, the card's form (in `impl Order`)",
+            card_form,
+        ),
         ("`#[idempotent(machine = Order, …)]`", with_idem),
         ("hand-written handlers", by_hand),
     ];
