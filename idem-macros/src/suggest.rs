@@ -17,6 +17,16 @@ pub fn did_you_mean(name: &str, candidates: &[&str], rest: &str) -> String {
     }
 }
 
+/// "unknown {what} `name`; valid arguments are: …", with a "did you mean" first when one
+/// of `valid` is near.
+pub fn unknown_argument(what: &str, name: &str, valid: &[&str]) -> String {
+    let listed = format!("valid arguments are: {}", valid.join(", "));
+    format!(
+        "unknown {what} `{name}`; {}",
+        did_you_mean(name, valid, &listed)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::did_you_mean;

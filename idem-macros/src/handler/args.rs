@@ -210,14 +210,7 @@ impl Args {
                         .join("::");
                     cx.error_spanned_by(
                         &meta.path,
-                        format!(
-                            "unknown argument `{shown}`; {}",
-                            crate::suggest::did_you_mean(
-                                &shown,
-                                &KEYS,
-                                &format!("valid arguments are: {}", KEYS.join(", "))
-                            )
-                        ),
+                        crate::suggest::unknown_argument("argument", &shown, &KEYS),
                     );
                     if meta.input.peek(syn::Token![=]) {
                         let _: syn::Expr = meta.value()?.parse()?;

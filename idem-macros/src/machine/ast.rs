@@ -82,13 +82,10 @@ impl Machine {
                         let name = path_name(&meta.path);
                         cx.error_spanned_by(
                             &meta.path,
-                            format!(
-                                "unknown `machine` argument `{name}`; {}",
-                                crate::suggest::did_you_mean(
-                                    &name,
-                                    &MACHINE_KEYS,
-                                    &format!("valid arguments are: {}", MACHINE_KEYS.join(", "))
-                                )
+                            crate::suggest::unknown_argument(
+                                "`machine` argument",
+                                &name,
+                                &MACHINE_KEYS,
                             ),
                         );
                         // consume the value so parsing continues with the next argument
@@ -184,14 +181,7 @@ impl State {
                     let name = path_name(&meta.path);
                     cx.error_spanned_by(
                         &meta.path,
-                        format!(
-                            "unknown `state` argument `{name}`; {}",
-                            crate::suggest::did_you_mean(
-                                &name,
-                                &STATE_KEYS,
-                                &format!("valid arguments are: {}", STATE_KEYS.join(", "))
-                            )
-                        ),
+                        crate::suggest::unknown_argument("`state` argument", &name, &STATE_KEYS),
                     );
                     if meta.input.peek(syn::Token![=]) {
                         let _: syn::Expr = meta.value()?.parse()?;
