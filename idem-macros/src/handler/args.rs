@@ -1,7 +1,8 @@
 //! The attribute's arguments, in two groups that can be combined:
 //!
-//! - a state transition: `machine = Order, key = "order_id", from = "CREATED", to = "PAID"`,
-//!   and optionally `version = "expected_version"` and the columns its UPDATE also sets,
+//! - a state transition: `key = "order_id", from = "CREATED", to = "PAID"`, with
+//!   `machine = Order` unless the handler is in the machine's `impl` (then `Self`), and
+//!   optionally `version = "expected_version"` and the columns its UPDATE also sets,
 //!   `set(paid_at = now(), amount = "amount", note)`;
 //! - an inbox delivery: `inbox = "inbox", message = "message_key", payload = "payload"`,
 //!   each naming a parameter.
