@@ -230,7 +230,7 @@ macro_rules! routes {
 
             pub async fn serve(pool: $pool) -> SocketAddr {
                 idem::migrate(&pool).await.unwrap();
-                let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("bench").unwrap());
+                let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("bench").unwrap()).unscoped();
                 let app = Router::new()
                     .route("/plain", post(plain))
                     .route("/idem", post(idem_route).layer(layer))

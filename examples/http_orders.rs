@@ -241,7 +241,9 @@ async fn show(
 async fn main() -> Result<(), Box<dyn Error>> {
     let (database_url, listen) = parse_args();
     let (pool, backend) = connect(database_url).await?;
-    let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?);
+    // Keys are scoped per caller: here the `X-Api-Key` header (callers without one share the
+    // scope "anonymous"); a real service names the principal its authentication found.
+    let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?).principal(caller);
     keys.spawn_sweeper(Duration::from_secs(600))?;
     // One-time form tokens: signed, valid for an hour (within the 24 h retention). A real
     // service reads its secret from its configuration, the same on every instance.
@@ -249,7 +251,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         b"example secret: read it from your configuration",
         Duration::from_secs(3600),
     );
+    // A form token is the server's own unguessable key, so one scope for all is safe here.
     let forms = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-forms")?)
+        .unscoped()
         .form_tokens(tokens.clone())
         .wait(Duration::from_secs(10));
     let form_routes = Router::new()
@@ -269,6 +273,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
     );
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// The caller whose keys a request's key is scoped to.
+fn caller(parts: &axum::http::request::Parts) -> Result<String, StatusCode> {
+    match parts.headers.get("x-api-key") {
+        None => Ok("anonymous".to_owned()),
+        Some(key) => key
+            .to_str()
+            .map(|key| format!("api-key:{key}"))
+            .map_err(|_| StatusCode::UNAUTHORIZED),
+    }
 }
 
 fn parse_args() -> (Option<String>, String) {

@@ -34,6 +34,8 @@ pub struct NewOrder {
 
 /// The leased route's lease.
 const LEASE: Duration = Duration::from_secs(30);
+/// `/charge-long`'s lease, in real time.
+const SHORT_LEASE: Duration = Duration::from_secs(1);
 
 fn is_problem(reply: &Reply, status: u16) -> bool {
     reply.status == status && reply.header("content-type") == Some("application/problem+json")
@@ -85,6 +87,13 @@ macro_rules! http_tests {
                 if app.fail_next.swap(false, Ordering::SeqCst) {
                     return (StatusCode::BAD_GATEWAY, format!("gateway down {n}"));
                 }
+                (StatusCode::CREATED, format!("charged {n}"))
+            }
+
+            /// An outside call that takes three of `/charge-long`'s leases.
+            async fn long_charge(State(app): State<App>) -> (StatusCode, String) {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(3 * SHORT_LEASE).await;
                 (StatusCode::CREATED, format!("charged {n}"))
             }
 
@@ -232,14 +241,15 @@ macro_rules! http_tests {
                     )
                 };
                 let layer = IdempotencyLayer::new(pool.clone(), inbox.clone()).principal(tenant);
-                let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).max_request_body(64);
-                let optional = IdempotencyLayer::new(pool.clone(), inbox).required(false);
+                let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).unscoped().max_request_body(64);
+                let optional = IdempotencyLayer::new(pool.clone(), inbox).unscoped().required(false);
                 let tokens = FormTokens::new(b"the form secret of this test....", Duration::from_secs(3600))
                     .clock(clock.clone());
                 let leased = IdempotencyLayer::new(
                     pool.clone(),
                     Inbox::new("payments-api").unwrap().clock(clock.clone()),
                 )
+                .principal(tenant)
                 .leased(LEASE);
                 sqlx::query(if $positional {
                     "CREATE TABLE external_charges (idempotency_key VARCHAR(255) PRIMARY KEY, calls BIGINT NOT NULL)"
@@ -265,6 +275,7 @@ macro_rules! http_tests {
                         "/slow-waiting",
                         route_post(slow).layer(
                             IdempotencyLayer::new(pool.clone(), inbox_of(&clock))
+                                .principal(tenant)
                                 .wait(Duration::from_secs(10)),
                         ),
                     )
@@ -273,6 +284,7 @@ macro_rules! http_tests {
                         "/form",
                         route_post(create).layer(
                             IdempotencyLayer::new(pool.clone(), inbox_of(&clock))
+                                .unscoped()
                                 .form_tokens(tokens.clone())
                                 .wait(Duration::from_secs(10)),
                         ),
@@ -283,6 +295,14 @@ macro_rules! http_tests {
                     .route("/validated", route_post(validated).layer(layer.clone()))
                     .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
                     .route("/charge", route_post(charge).layer(leased))
+                    .route(
+                        "/charge-long",
+                        route_post(long_charge).layer(
+                            IdempotencyLayer::new(pool.clone(), Inbox::new("long-api").unwrap())
+                                .unscoped()
+                                .leased(SHORT_LEASE),
+                        ),
+                    )
                     .with_state(app.clone());
                 // A second instance of the service on the same database: its own layer,
                 // so it knows nothing of the first's requests in flight.
@@ -290,7 +310,7 @@ macro_rules! http_tests {
                     .route(
                         "/slow",
                         route_post(slow)
-                            .layer(IdempotencyLayer::new(pool.clone(), inbox_of(&clock))),
+                            .layer(IdempotencyLayer::new(pool.clone(), inbox_of(&clock)).principal(tenant)),
                     )
                     .with_state(app.clone());
                 let other_addr = serve(other).await;
@@ -589,6 +609,22 @@ macro_rules! http_tests {
                 assert_eq!(as_tenant("a").await.body, a.body);
                 assert_eq!(as_tenant("b").await.body, b.body);
                 assert_eq!(s.executions(), 2);
+                // Another principal's different request under the same key is its own
+                // first request, not a 422 telling it the key was used.
+                let c = send(
+                    s.addr,
+                    "POST",
+                    "/orders",
+                    &[
+                        ("idempotency-key", b"k-5"),
+                        ("content-type", b"application/json"),
+                        ("x-tenant", b"c"),
+                    ],
+                    "{\"amount\":9}",
+                )
+                .await;
+                assert_eq!((c.status, c.replayed()), (201, false), "{c:?}");
+                assert_eq!(s.executions(), 3);
                 // Keys are stored as digests, never as sent.
                 let stored: Vec<String> = sqlx::query_scalar(if $positional {
                     // sqlx reads a `_bin` column as bytes.
@@ -603,6 +639,57 @@ macro_rules! http_tests {
                     stored.iter().all(|k| k.len() == 64 && !k.contains("k-5")),
                     "{stored:?}"
                 );
+            }
+
+            #[tokio::test]
+            async fn a_leased_request_longer_than_its_lease_keeps_its_key() {
+                let Some(s) = start().await else { return };
+                let addr = s.addr;
+                let first = tokio::spawn(async move { post(addr, "/charge-long", "k-long", "{}").await });
+                // Repeats while the first runs three leases: its lease is extended as it runs,
+                // so none takes the key over.
+                for _ in 0..4 {
+                    tokio::time::sleep(SHORT_LEASE * 6 / 10).await;
+                    let repeat = post(s.addr, "/charge-long", "k-long", "{}").await;
+                    assert!(is_problem(&repeat, 409), "{repeat:?}");
+                    assert!(repeat.header("retry-after").is_some());
+                }
+                let first = first.await.unwrap();
+                assert_eq!((first.status, first.body.as_str()), (201, "charged 1"));
+                let again = post(s.addr, "/charge-long", "k-long", "{}").await;
+                assert_eq!((again.status, again.replayed()), (201, true), "{again:?}");
+                assert_eq!(again.body, "charged 1");
+                assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test]
+            async fn an_unscoped_layer_shares_keys_across_principals_as_it_says() {
+                let Some(s) = start().await else { return };
+                // `/small`'s layer is `.unscoped()`: one scope for every caller.
+                let as_tenant = |tenant: &'static str, body: &'static str| {
+                    let addr = s.addr;
+                    async move {
+                        send(
+                            addr,
+                            "POST",
+                            "/small",
+                            &[
+                                ("idempotency-key", b"k-shared"),
+                                ("content-type", b"application/json"),
+                                ("x-tenant", tenant.as_bytes()),
+                            ],
+                            body,
+                        )
+                        .await
+                    }
+                };
+                let a = as_tenant("a", "{}").await;
+                let b = as_tenant("b", "{}").await;
+                assert_eq!((a.status, a.replayed()), (201, false), "{a:?}");
+                assert_eq!((b.status, b.replayed()), (201, true), "{b:?}");
+                assert_eq!(b.body, a.body);
+                assert!(is_problem(&as_tenant("c", "{\"amount\":1}").await, 422));
+                assert_eq!(s.executions(), 1);
             }
 
             #[tokio::test]

@@ -114,8 +114,8 @@ macro_rules! service {
                 let Db::$variant(pool) = db else {
                     panic!("not a {} database", stringify!($variant))
                 };
-                let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes").unwrap());
-                let leased = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes-leased").unwrap())
+                let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes").unwrap()).unscoped();
+                let leased = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes-leased").unwrap()).unscoped()
                     .leased(LEASE);
                 let router = Router::new()
                     .route("/orders", post(create).layer(layer))

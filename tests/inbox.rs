@@ -341,7 +341,7 @@ macro_rules! inbox_tests {
                 let clock = ManualClock::new(1_700_000_000_000);
                 let inbox = Inbox::new("mailer").unwrap().clock(clock.clone()).lease(Duration::from_secs(30));
                 let k = key("welcome:10");
-                let Claimed::Work(mut first) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                let Claimed::Work(first) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
                     panic!("first claim")
                 };
                 let claimed_until = first.until_millis();
@@ -371,6 +371,47 @@ macro_rules! inbox_tests {
                 assert_eq!(
                     second.complete(&pool, Ok::<_, String>("sent by 2".to_owned())).await.unwrap(),
                     Delivery::Processed("sent by 2".to_owned())
+                );
+            }
+
+            #[tokio::test]
+            async fn work_kept_alive_outlives_its_lease_without_a_takeover() {
+                let Some(pool) = setup().await else { return };
+                // Real time: a 1 s lease, work that takes three of them.
+                let inbox = Inbox::new("mailer").unwrap().lease(Duration::from_secs(1));
+                let k = key("welcome:long");
+                let Claimed::Work(lease) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("first claim")
+                };
+                let claimed_until = lease.until_millis();
+                let runs = std::sync::atomic::AtomicU64::new(1);
+                let retries = async {
+                    // Redeliveries while the work runs, well past the first lease: each finds
+                    // the lease alive.
+                    for _ in 0..4 {
+                        tokio::time::sleep(Duration::from_millis(600)).await;
+                        match inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() {
+                            Claimed::Done(Delivery::InProgress { .. }) => {}
+                            Claimed::Work(_) => {
+                                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                panic!("a redelivery took the live work over");
+                            }
+                            other => panic!("unexpected {other:?}"),
+                        }
+                    }
+                };
+                let work = lease.keep_alive(&pool, tokio::time::sleep(Duration::from_secs(3)));
+                let ((), ()) = tokio::join!(work, retries);
+                assert!(lease.until_millis() > claimed_until + 1500, "the beats extended the lease");
+                assert_eq!(
+                    lease.complete(&pool, Ok::<_, String>("sent".to_owned())).await.unwrap(),
+                    Delivery::Processed("sent".to_owned())
+                );
+                assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+                assert_eq!(inbox.counters().takeovers, 0);
+                assert_eq!(
+                    inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap().done(),
+                    Some(Delivery::Duplicate { first_result: Some("sent".to_owned()) })
                 );
             }
 

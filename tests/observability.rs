@@ -319,7 +319,7 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
             panic!("an expired lease is taken over");
         };
         assert_eq!(inbox.stuck(&pool).await.unwrap().count, 2);
-        let mut lease = lease;
+        let lease = lease;
         assert!(lease.extend(&pool, Duration::from_secs(60)).await.unwrap());
         let done = lease.complete(&pool, Ok::<_, String>(7)).await.unwrap();
         assert_eq!(done, Delivery::Processed(7));

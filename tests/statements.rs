@@ -450,7 +450,8 @@ async fn http_server<DB: idem::Backend>(
     pool: sqlx::Pool<DB>,
     route: axum::routing::MethodRouter,
 ) -> std::net::SocketAddr {
-    let layer = idem::http::IdempotencyLayer::new(pool, idem::inbox::Inbox::new("api").unwrap());
+    let layer =
+        idem::http::IdempotencyLayer::new(pool, idem::inbox::Inbox::new("api").unwrap()).unscoped();
     http_client::serve(axum::Router::new().route("/orders", route.layer(layer))).await
 }
 

@@ -169,8 +169,8 @@ impl Held {
 /// `pay(&mut *tx, 7, 1000)`).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is neither a pool nor a transaction of this handler's database",
-    label = "pass `&pool` (idem begins and commits) or `&mut tx` (inside your transaction)",
-    note = "inside another handler's body, pass the transaction on: `&mut *tx`"
+    label = "pass `&pool` (idem begins and commits) or a `&mut Transaction` (idem works inside it)",
+    note = "a `tx: Transaction<…>` of yours is passed as `&mut tx`; a `tx: &mut Transaction<…>` (another handler's body) as `&mut *tx`; the HTTP layer's `tx: idem::http::Tx<…>` as `&mut *tx`"
 )]
 pub trait Source<'c, DB: Backend>: Send + sealed::Sealed {
     /// Where the unit of work begins.

@@ -50,8 +50,9 @@ impl<DB: Backend> Slot<DB> {
 /// The transaction of an idempotent request: the key record is written in it, the handler's
 /// statements run in it, and the response is stored and committed with them by the layer
 /// ([`IdempotencyLayer`](super::IdempotencyLayer)) once the handler returns. Use it as
-/// `&mut *tx` wherever sqlx takes an executor, and pass it on to `#[idempotent]` handlers as
-/// `&mut tx` (they run in a savepoint of it).
+/// `&mut **tx` wherever sqlx takes an executor (`tx` derefs to the `sqlx::Transaction`, which
+/// derefs to the connection), and pass it on to `#[idempotent]` handlers as `&mut *tx` (the
+/// `&mut Transaction`; they run in a savepoint of it).
 ///
 /// An extractor: take it as a handler argument, once. Only a route behind the layer has
 /// one; elsewhere the extraction fails with a 500 naming the problem. Do not commit it, and

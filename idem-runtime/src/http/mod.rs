@@ -17,9 +17,17 @@
 //!     Ok((axum::http::StatusCode::CREATED, "created".to_owned()))
 //! }
 //!
+//! /// The tenant your authentication put in the request's extensions.
+//! #[derive(Clone)]
+//! struct Tenant(String);
+//!
 //! # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
 //! idem::migrate(&pool).await?;
-//! let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?);
+//! let keys = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-api")?)
+//!     .principal(|parts| match parts.extensions.get::<Tenant>() {
+//!         Some(Tenant(tenant)) => Ok(tenant.clone()),
+//!         None => Err(axum::http::StatusCode::UNAUTHORIZED),
+//!     });
 //! let app: Router = Router::new().route("/orders", post(create_order).layer(keys));
 //! # Ok(()) }
 //! ```
@@ -37,7 +45,9 @@
 //! 3. **The record.** In one transaction of your database, the key is recorded in idem's
 //!    inbox table under the layer's consumer group, as the SHA-256 of the principal
 //!    ([`IdempotencyLayer::principal`]) and the key (keys are never stored as sent, and one
-//!    principal's key never finds another's record), with the request's fingerprint (the
+//!    principal's key never finds another's record; a layer says whose keys it keeps or it
+//!    does not compile: [`IdempotencyLayer::unscoped`] shares them knowingly), with the
+//!    request's fingerprint (the
 //!    SHA-256 of the method, the path and query, the headers named by
 //!    [`IdempotencyLayer::compare_headers`] and the body's bytes exactly as sent).
 //!    - A repeat of a finished request gets the first response: its **status, the headers
@@ -61,10 +71,10 @@
 //!    headers, a repeat replays them with an empty body, and a warning is logged.
 //!
 //! **The leased mode** ([`IdempotencyLayer::leased`]) is for handlers that call something
-//! outside the database: the key is claimed with a lease in a transaction of its own, the
-//! handler runs without a [`Tx`] and passes [`RequestKey::derive`] to the outside call, and
-//! the response is recorded in a second transaction; a crashed request's key is taken over
-//! once its lease ends.
+//! outside the database: the key is claimed with a lease in a transaction of its own, kept
+//! alive while the handler runs, the handler runs without a [`Tx`] and passes
+//! [`RequestKey::derive`] to the outside call, and the response is recorded in a second
+//! transaction; a crashed request's key is taken over once its lease ends.
 //!
 //! **One-time form tokens** ([`FormTokens`], [`IdempotencyLayer::form_tokens`]): the server
 //! issues a signed, expiring token with each form, and its submit uses it as the key.
@@ -80,12 +90,14 @@ mod flight;
 mod key;
 mod problem;
 mod response;
+mod scope;
 mod service;
 mod token;
 
 pub use extract::{RequestKey, Tx};
 pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
+pub use scope::{KeyScope, PerPrincipal, ScopeUnset, Shared};
 pub use service::IdempotencyService;
 pub use token::{FormTokens, TokenProblem};
 
@@ -97,6 +109,7 @@ use flight::InFlight;
 use http::request::Parts;
 use http::{HeaderName, Response, StatusCode, header};
 use sqlx::Pool;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,15 +142,25 @@ pub(crate) struct Config<DB: Backend> {
 /// The `Idempotency-Key` layer: see the [module documentation](self) for what it does with
 /// each request. Apply it to the routes whose requests must run once
 /// (`post(handler).layer(layer)`, or `Router::route_layer`); their handlers take [`Tx`].
-pub struct IdempotencyLayer<DB: Backend> {
+///
+/// Its second parameter says whose keys it keeps, and a layer is a tower `Layer` only once
+/// that is said: [`principal`](Self::principal) scopes keys per caller
+/// ([`PerPrincipal`], the default type), [`unscoped`](Self::unscoped) shares them across
+/// all callers ([`Shared`]). A layer fresh from [`new`](Self::new) ([`ScopeUnset`]) is
+/// refused at compile time where it is applied.
+pub struct IdempotencyLayer<DB: Backend, Scope = PerPrincipal> {
     config: Config<DB>,
+    scope: PhantomData<fn() -> Scope>,
 }
 
-impl<DB: Backend> IdempotencyLayer<DB> {
+impl<DB: Backend> IdempotencyLayer<DB, ScopeUnset> {
     /// A layer recording keys in `inbox`'s consumer group (its records live in idem's
     /// inbox table: run [`idem::migrate`](crate::migrate) first), in transactions of `pool`.
+    /// Say next whose keys it keeps: [`principal`](Self::principal) or
+    /// [`unscoped`](Self::unscoped).
     pub fn new(pool: Pool<DB>, inbox: Inbox) -> Self {
         IdempotencyLayer {
+            scope: PhantomData,
             config: Config {
                 pool,
                 inbox,
@@ -156,7 +179,9 @@ impl<DB: Backend> IdempotencyLayer<DB> {
             },
         }
     }
+}
 
+impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// Whether a request without a key is refused (400, the default) or runs without
     /// idempotency (`false`: it still gets its [`Tx`], and nothing is recorded).
     pub fn required(mut self, required: bool) -> Self {
@@ -166,17 +191,36 @@ impl<DB: Backend> IdempotencyLayer<DB> {
 
     /// Scopes keys per principal: `principal` names the request's tenant, API key or user
     /// (from its headers or extensions, as your authentication left them), and the same key
-    /// from two principals is two records, never a replay of the other's response. Its
-    /// `Err` is sent as the response (`Err(StatusCode::UNAUTHORIZED)`, say), and nothing
-    /// runs. Without it, all requests share one scope.
+    /// from two principals is two records, never a replay of the other's response, nor a
+    /// 422 telling one that the other used the key. Its `Err` is sent as the response
+    /// (`Err(StatusCode::UNAUTHORIZED)`, say), and nothing runs.
     pub fn principal<R: IntoResponse>(
-        mut self,
+        self,
         principal: impl Fn(&Parts) -> Result<String, R> + Send + Sync + 'static,
-    ) -> Self {
-        self.config.principal = Some(Arc::new(move |parts: &Parts| {
+    ) -> IdempotencyLayer<DB, PerPrincipal> {
+        let mut config = self.config;
+        config.principal = Some(Arc::new(move |parts: &Parts| {
             principal(parts).map_err(|refused| Box::new(refused.into_response()))
         }));
-        self
+        IdempotencyLayer {
+            config,
+            scope: PhantomData,
+        }
+    }
+
+    /// Shares keys across all callers: every request is in one scope, so a caller sending
+    /// another's key with the same request gets the other's stored response, and with a
+    /// different one a 422 (telling it the key was used). Only for routes whose callers are
+    /// one party (a single internal client) or whose keys no caller can guess (the server's
+    /// own [`form_tokens`](Self::form_tokens)); otherwise scope keys with
+    /// [`principal`](Self::principal).
+    pub fn unscoped(self) -> IdempotencyLayer<DB, Shared> {
+        let mut config = self.config;
+        config.principal = None;
+        IdempotencyLayer {
+            config,
+            scope: PhantomData,
+        }
     }
 
     /// The request headers that are part of its fingerprint, besides the method, the path
@@ -228,8 +272,10 @@ impl<DB: Backend> IdempotencyLayer<DB> {
     /// API): the key is claimed as PROCESSING with a lease of `lease` in a short transaction
     /// of its own, the handler runs (it has no [`Tx`]; it writes through the pool, and passes
     /// [`RequestKey::derive`] to the outside call as its idempotency key), and its response is
-    /// recorded in a second transaction. A repeat while the lease lives gets a 409 whose
-    /// `Retry-After` is the lease's end; after it (the first request's process died, say) a
+    /// recorded in a second transaction. While the handler runs, the layer extends the lease
+    /// every third of it ([`Lease::keep_alive`](crate::inbox::Lease::keep_alive)), so a repeat
+    /// gets a 409 whose `Retry-After` is the lease's end however long the handler takes;
+    /// once the beats stop (the first request's process died, say) and the lease ends, a
     /// repeat takes the key over and runs the handler again, with the same derived key for
     /// the outside call. A status the policy does not keep (a 5xx) is recorded as a failed
     /// attempt: a repeat runs again, and after the inbox's
@@ -289,10 +335,11 @@ impl<DB: Backend> IdempotencyLayer<DB> {
     }
 }
 
-impl<DB: Backend> Clone for IdempotencyLayer<DB> {
+impl<DB: Backend, Scope> Clone for IdempotencyLayer<DB, Scope> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             config: self.config.clone(),
+            scope: PhantomData,
         }
     }
 }
@@ -318,7 +365,7 @@ impl<DB: Backend> Clone for Config<DB> {
     }
 }
 
-impl<S, DB: Backend> tower_layer::Layer<S> for IdempotencyLayer<DB> {
+impl<S, DB: Backend, Scope: KeyScope> tower_layer::Layer<S> for IdempotencyLayer<DB, Scope> {
     type Service = IdempotencyService<S, DB>;
 
     fn layer(&self, inner: S) -> Self::Service {

@@ -307,9 +307,10 @@ where
         }
         Err(e) => return Ok(database_error(&e)),
     };
-    // If the handler fails or the process dies from here, the record stays PROCESSING
-    // until its lease ends; then a repeat takes it over.
-    let response = inner.call(request).await?;
+    // The lease is extended while the handler runs (and while its response is read), so a
+    // repeat gets a 409 however long it takes. If the process dies from here, the beats stop
+    // and the record stays PROCESSING until its lease ends; then a repeat takes it over.
+    let response = lease.keep_alive(&config.pool, inner.call(request)).await?;
     let (parts, body) = response.into_parts();
     if !(config.store_if)(parts.status) {
         // A failed attempt: recorded as FAILED, so a repeat runs again (and after the
@@ -324,7 +325,10 @@ where
         }
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
-    let (body, stored) = match kept(config, &parts, body).await {
+    let (body, stored) = match lease
+        .keep_alive(&config.pool, kept(config, &parts, body))
+        .await
+    {
         Ok(kept) => kept,
         Err(failed) => return Ok(failed),
     };

@@ -60,7 +60,11 @@ use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 use std::convert::Infallible;
 use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering as AtomicOrdering};
+use std::task::Poll;
 use std::time::Duration;
 
 /// What became of a delivery.
@@ -197,7 +201,9 @@ impl Inbox {
     }
 
     /// How long a leased claim holds a message before another delivery may take it over.
-    /// Longer than the work takes; extend it with [`Lease::extend`] for long work.
+    /// Run the work under [`Lease::keep_alive`], which extends it every third of it while
+    /// the work runs, so work longer than the lease is never taken over while its process
+    /// lives; the lease then bounds only how long a dead process's claim holds the key.
     pub fn lease(mut self, lease: Duration) -> Inbox {
         self.lease = lease;
         self
@@ -423,7 +429,7 @@ impl Inbox {
             inbox: self.clone(),
             key: key.clone(),
             attempt,
-            until,
+            until: AtomicI64::new(until),
         }
     }
 
@@ -532,13 +538,15 @@ pub enum Claimed<T> {
     Done(Delivery<T>),
 }
 
-/// A claim on a message, valid until its lease expires.
+/// A claim on a message, valid until its lease expires: run the work under
+/// [`keep_alive`](Lease::keep_alive), which extends the lease while the work runs, then
+/// [`complete`](Lease::complete).
 #[derive(Debug)]
 pub struct Lease {
     inbox: Inbox,
     key: MessageKey,
     attempt: i64,
-    until: i64,
+    until: AtomicI64,
 }
 
 impl Lease {
@@ -552,25 +560,94 @@ impl Lease {
         &self.key
     }
 
-    /// When the lease expires, in milliseconds since the epoch.
+    /// When the lease expires, in milliseconds since the epoch (as last claimed or
+    /// extended).
     pub fn until_millis(&self) -> i64 {
-        self.until
+        self.until.load(AtomicOrdering::Acquire)
     }
 
     /// Extends the lease to `by` from now, in a transaction of its own. `false` if it was
     /// lost (the lease expired and another delivery took the message over): stop the work
     /// if you can, its result will be refused.
     pub async fn extend<DB: Backend>(
-        &mut self,
+        &self,
         pool: &Pool<DB>,
         by: Duration,
     ) -> Result<bool, Error<Infallible>> {
         let plan = leased::ExtendPlan { lease: self, by };
         let extended = stages_only(pool, &plan).await?;
         if let Some(until) = extended {
-            self.until = until;
+            self.until.store(until, AtomicOrdering::Release);
         }
         Ok(extended.is_some())
+    }
+
+    /// Runs `work` while keeping the lease: every third of the inbox's
+    /// [`lease`](Inbox::lease) the lease is extended to a whole lease from now, so work
+    /// that runs longer than the lease is never taken over while this process lives. When
+    /// the process dies the beats stop with it, and the lease ends at most one lease after
+    /// the last beat. Returns the work's output; the beats end with it (nothing is left
+    /// running).
+    ///
+    /// A beat that fails (the database unreachable) is logged and tried again at the next
+    /// one. If the lease is lost anyway (no beat got through for a whole lease, and another
+    /// delivery took the message over), the beats stop and the work runs on, but its
+    /// [`complete`](Lease::complete) records nothing: the holder that lost its lease can
+    /// never record.
+    pub async fn keep_alive<DB: Backend, F: Future>(&self, pool: &Pool<DB>, work: F) -> F::Output {
+        let lease = self.inbox.lease;
+        let every = (lease / 3).max(Duration::from_millis(1));
+        // Whether a beat's statement is in flight: the work's end waits for it rather than
+        // cancel a transaction half way.
+        let beating = AtomicBool::new(false);
+        let beats = async {
+            loop {
+                tokio::time::sleep(every).await;
+                beating.store(true, AtomicOrdering::Release);
+                let extended = self.extend(pool, lease).await;
+                beating.store(false, AtomicOrdering::Release);
+                match extended {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(
+                            group = %self.inbox.group,
+                            key = %self.key,
+                            "idem: the lease was lost while its work ran; its outcome will not be recorded"
+                        );
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => tracing::warn!(
+                        group = %self.inbox.group,
+                        key = %self.key,
+                        error = %e,
+                        "idem: the lease could not be extended; trying again at the next beat"
+                    ),
+                }
+            }
+        };
+        let mut work = pin!(work);
+        let mut beats = pin!(beats);
+        let mut output = None;
+        poll_fn(|cx| {
+            if output.is_none()
+                && let Poll::Ready(done) = work.as_mut().poll(cx)
+            {
+                output = Some(done);
+            }
+            if output.is_none() || beating.load(AtomicOrdering::Acquire) {
+                // The beats never end: polled for their timer and statements, and after the
+                // work's end only to finish a beat in flight.
+                let _ = beats.as_mut().poll(cx);
+            }
+            match output.take() {
+                Some(done) if !beating.load(AtomicOrdering::Acquire) => Poll::Ready(done),
+                kept => {
+                    output = kept;
+                    Poll::Pending
+                }
+            }
+        })
+        .await
     }
 
     /// Records the work's outcome in a transaction of its own: SUCCESS with the result, or
