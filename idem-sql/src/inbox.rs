@@ -1,13 +1,23 @@
 //! The inbox's statements (the table `idem_inbox`), and which of them each dialect runs.
 //! Every value is bound.
+//!
+//! **Time is the database's.** Lease ends, `created_at`/`updated_at` and retention cutoffs
+//! are milliseconds since the Unix epoch read from the database's own clock inside each
+//! statement ([`Dialect::now_millis`]), so instances whose clocks disagree never disagree on
+//! whether a lease lives or a record is inside its retention. Each statement takes the time
+//! as one parameter, `COALESCE($n, <the database's now>)`: bound NULL (what idem does by
+//! default) the database decides; bound to a value (a test clock) that value is used. The
+//! templates below write the database's now as `{now}`; [`Dialect::inbox`] spells it.
 
 use crate::dialect::Dialect;
+use std::sync::LazyLock;
 
 /// Records a first delivery; does nothing if the key is recorded.
-/// `$1` group, `$2` key, `$3` fingerprint, `$4` status, `$5` lease until, `$6` now.
+/// `$1` group, `$2` key, `$3` fingerprint, `$4` status, `$5` the lease in milliseconds
+/// (NULL: no lease), `$6` now (NULL: the database's).
 pub const INSERT: &str = "INSERT INTO idem_inbox \
     (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
-    VALUES ($1, $2, $3, $4, 1, $5, $6, $6) \
+    VALUES ($1, $2, $3, $4, 1, COALESCE($6, {now}) + $5, COALESCE($6, {now}), COALESCE($6, {now})) \
     ON CONFLICT (consumer_group, message_key) DO NOTHING";
 
 /// [`INSERT`] on PostgreSQL, unless a transaction still working on the same key holds its
@@ -18,7 +28,7 @@ pub const INSERT: &str = "INSERT INTO idem_inbox \
 /// another lock.
 pub const INSERT_UNLESS_BUSY: &str = "INSERT INTO idem_inbox \
     (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
-    SELECT $1, $2, $3, $4, 1, $5, $6, $6 \
+    SELECT $1, $2, $3, $4, 1, COALESCE($6, {now}) + $5, COALESCE($6, {now}), COALESCE($6, {now}) \
     WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, \
         CAST(CAST(CAST('idem_inbox' AS regclass) AS oid) AS bigint))) \
     ON CONFLICT (consumer_group, message_key) DO NOTHING";
@@ -28,25 +38,30 @@ pub const INSERT_UNLESS_BUSY: &str = "INSERT INTO idem_inbox \
 /// key is the table's only unique index).
 pub const INSERT_MYSQL: &str = "INSERT INTO idem_inbox \
     (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
-    VALUES ($1, $2, $3, $4, 1, $5, $6, $6)";
+    VALUES ($1, $2, $3, $4, 1, COALESCE($6, {now}) + $5, COALESCE($6, {now}), COALESCE($6, {now}))";
 
-/// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked).
-pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
+/// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked),
+/// with the time its lease is judged by, `now` (`$3`, NULL: the database's).
+pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+    COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2";
 
 /// [`SELECT`], locking the row until the transaction ends (PostgreSQL, MySQL).
-pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until \
+pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+    COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 FOR UPDATE";
 
 /// Another attempt at a failed or expired record, if nobody took it in between.
-/// `$3` status, `$4` lease until, `$5` now, `$6` the attempts seen.
+/// `$3` status, `$4` the lease in milliseconds (NULL: none), `$5` now (NULL: the
+/// database's), `$6` the attempts seen.
 pub const RETRY: &str = "UPDATE idem_inbox \
-    SET status = $3, attempts = attempts + 1, lease_until = $4, error = NULL, updated_at = $5 \
+    SET status = $3, attempts = attempts + 1, lease_until = COALESCE($5, {now}) + $4, \
+    error = NULL, updated_at = COALESCE($5, {now}) \
     WHERE consumer_group = $1 AND message_key = $2 AND attempts = $6";
 
-/// Parks a record after its last allowed attempt. `$3` now.
+/// Parks a record after its last allowed attempt. `$3` now (NULL: the database's).
 pub const BURY: &str = "UPDATE idem_inbox \
-    SET status = 'DEAD', lease_until = NULL, updated_at = $3 \
+    SET status = 'DEAD', lease_until = NULL, updated_at = COALESCE($3, {now}) \
     WHERE consumer_group = $1 AND message_key = $2";
 
 /// Stores the result of a transactional delivery. `$3` result.
@@ -54,57 +69,168 @@ pub const STORE_RESULT: &str = "UPDATE idem_inbox SET result = $3 \
     WHERE consumer_group = $1 AND message_key = $2";
 
 /// Records the success of a leased attempt, if it still holds the lease.
-/// `$3` result, `$4` now, `$5` the attempt.
+/// `$3` result, `$4` now (NULL: the database's), `$5` the attempt.
 pub const SUCCEED: &str = "UPDATE idem_inbox \
-    SET status = 'SUCCESS', result = $3, error = NULL, lease_until = NULL, updated_at = $4 \
+    SET status = 'SUCCESS', result = $3, error = NULL, lease_until = NULL, \
+    updated_at = COALESCE($4, {now}) \
     WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $5";
 
 /// Records the failure of a leased attempt: FAILED, or DEAD after the last one.
-/// `$3` max attempts, `$4` error, `$5` now, `$6` the attempt.
+/// `$3` max attempts, `$4` error, `$5` now (NULL: the database's), `$6` the attempt.
 pub const FAIL: &str = "UPDATE idem_inbox \
     SET status = CASE WHEN attempts >= $3 THEN 'DEAD' ELSE 'FAILED' END, \
-    error = $4, lease_until = NULL, updated_at = $5 \
+    error = $4, lease_until = NULL, updated_at = COALESCE($5, {now}) \
     WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $6";
 
-/// Extends a lease still held. `$3` lease until, `$4` now, `$5` the attempt.
+/// Extends a lease still held. `$3` the lease's new end (milliseconds since the epoch, read
+/// from the same clock as `$4`), `$4` now, `$5` the attempt.
 pub const EXTEND: &str = "UPDATE idem_inbox SET lease_until = $3, updated_at = $4 \
     WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING' AND attempts = $5";
 
-/// How many records of `$1` group are PROCESSING with a lease that ended before `$2`, and
-/// the oldest such lease.
+/// How many records of `$1` group are PROCESSING with a lease that ended by now (`$2`,
+/// NULL: the database's), and the oldest such lease.
 pub const STUCK: &str = "SELECT COUNT(*) AS stuck, MIN(lease_until) AS oldest \
-    FROM idem_inbox WHERE consumer_group = $1 AND status = 'PROCESSING' AND lease_until <= $2";
+    FROM idem_inbox WHERE consumer_group = $1 AND status = 'PROCESSING' \
+    AND lease_until <= COALESCE($2, {now})";
 
 /// One bounded batch of retention (PostgreSQL): finished records of `$1` group last
-/// touched before `$2`, at most `$3`, skipping rows another transaction holds.
+/// touched more than `$4` milliseconds before now (`$2`, NULL: the database's), at most
+/// `$3`, skipping rows another transaction holds.
 pub const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE ctid IN (\
     SELECT ctid FROM idem_inbox \
-    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    WHERE consumer_group = $1 AND updated_at < COALESCE($2, {now}) - $4 \
+    AND status IN ('SUCCESS', 'FAILED') \
     LIMIT $3 FOR UPDATE SKIP LOCKED)";
 
 /// One bounded batch of retention (MySQL, which deletes with a `LIMIT` directly, oldest
 /// first along the index on `updated_at`).
 pub const PURGE_MYSQL: &str = "DELETE FROM idem_inbox \
-    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    WHERE consumer_group = $1 AND updated_at < COALESCE($2, {now}) - $4 \
+    AND status IN ('SUCCESS', 'FAILED') \
     ORDER BY updated_at LIMIT $3";
 
 /// One bounded batch of retention (SQLite).
 pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
     SELECT rowid FROM idem_inbox \
-    WHERE consumer_group = $1 AND updated_at < $2 AND status IN ('SUCCESS', 'FAILED') \
+    WHERE consumer_group = $1 AND updated_at < COALESCE($2, {now}) - $4 \
+    AND status IN ('SUCCESS', 'FAILED') \
     LIMIT $3)";
 
+/// The database's time, alone: `now` (`$1`, NULL: the database's), for the units of work
+/// that need to know it (a leased claim reports when its lease ends).
+pub const NOW: &str = "SELECT COALESCE($1, {now}) AS now";
+
+/// The inbox's statements as one dialect spells them ([`Dialect::inbox`]).
+#[derive(Debug)]
+pub struct InboxSql {
+    /// [`INSERT`], [`INSERT_MYSQL`] on MySQL.
+    pub insert: String,
+    /// [`INSERT_UNLESS_BUSY`] on PostgreSQL; elsewhere [`insert`](Self::insert).
+    pub insert_unless_busy: String,
+    /// [`SELECT`].
+    pub select: String,
+    /// [`SELECT_FOR_UPDATE`] where the read locks (PostgreSQL, MySQL).
+    pub select_for_update: Option<String>,
+    /// [`RETRY`].
+    pub retry: String,
+    /// [`BURY`].
+    pub bury: String,
+    /// [`STORE_RESULT`].
+    pub store_result: String,
+    /// [`SUCCEED`].
+    pub succeed: String,
+    /// [`FAIL`].
+    pub fail: String,
+    /// [`EXTEND`].
+    pub extend: String,
+    /// [`STUCK`].
+    pub stuck: String,
+    /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
+    pub purge: String,
+    /// [`NOW`].
+    pub now: String,
+}
+
+impl InboxSql {
+    fn of(dialect: Dialect) -> InboxSql {
+        let now = dialect.now_millis();
+        let spell = |template: &str| template.replace("{now}", now);
+        let insert = spell(match dialect {
+            Dialect::MySql => INSERT_MYSQL,
+            Dialect::Postgres | Dialect::Sqlite => INSERT,
+        });
+        InboxSql {
+            insert_unless_busy: match dialect {
+                Dialect::Postgres => spell(INSERT_UNLESS_BUSY),
+                Dialect::Sqlite | Dialect::MySql => insert.clone(),
+            },
+            insert,
+            select: spell(SELECT),
+            select_for_update: match dialect {
+                Dialect::Postgres | Dialect::MySql => Some(spell(SELECT_FOR_UPDATE)),
+                Dialect::Sqlite => None,
+            },
+            retry: spell(RETRY),
+            bury: spell(BURY),
+            store_result: STORE_RESULT.to_owned(),
+            succeed: spell(SUCCEED),
+            fail: spell(FAIL),
+            extend: EXTEND.to_owned(),
+            stuck: spell(STUCK),
+            purge: spell(match dialect {
+                Dialect::Postgres => PURGE_POSTGRES,
+                Dialect::Sqlite => PURGE_SQLITE,
+                Dialect::MySql => PURGE_MYSQL,
+            }),
+            now: spell(NOW),
+        }
+    }
+}
+
+static POSTGRES: LazyLock<InboxSql> = LazyLock::new(|| InboxSql::of(Dialect::Postgres));
+static SQLITE: LazyLock<InboxSql> = LazyLock::new(|| InboxSql::of(Dialect::Sqlite));
+static MYSQL: LazyLock<InboxSql> = LazyLock::new(|| InboxSql::of(Dialect::MySql));
+
 impl Dialect {
+    /// The database's clock, as milliseconds since the Unix epoch (a `BIGINT`), in this
+    /// dialect: the time every inbox statement judges leases and retention by.
+    ///
+    /// - PostgreSQL: `statement_timestamp()`, the start of the current statement;
+    /// - SQLite: `julianday('now')`, fixed for the statement (on SQLite the database's clock
+    ///   is the application's machine's: the database is in its process);
+    /// - MySQL/MariaDB: `UTC_TIMESTAMP(6)`, free of the session's time zone (and of the hour
+    ///   a daylight-saving change repeats).
+    pub fn now_millis(self) -> &'static str {
+        match self {
+            Dialect::Postgres => {
+                "CAST(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
+            }
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Dialect::MySql => {
+                "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
+            }
+        }
+    }
+
+    /// The inbox's statements as this dialect spells them (built once per dialect).
+    pub fn inbox(self) -> &'static InboxSql {
+        match self {
+            Dialect::Postgres => &POSTGRES,
+            Dialect::Sqlite => &SQLITE,
+            Dialect::MySql => &MYSQL,
+        }
+    }
+
     /// The statement that records a first delivery: [`INSERT`] ([`INSERT_MYSQL`] on
     /// MySQL); on PostgreSQL with `unblocked`, [`INSERT_UNLESS_BUSY`] (a delivery in
     /// progress elsewhere makes it insert nothing at once instead of waiting; elsewhere the
     /// lock timeout bounds the wait). The flag says which: whether inserting nothing may
     /// also find no record (the key was busy).
     pub fn inbox_insert(self, unblocked: bool) -> (&'static str, bool) {
+        let sql = self.inbox();
         match self {
-            Dialect::Postgres if unblocked => (INSERT_UNLESS_BUSY, true),
-            Dialect::Postgres | Dialect::Sqlite => (INSERT, false),
-            Dialect::MySql => (INSERT_MYSQL, false),
+            Dialect::Postgres if unblocked => (&sql.insert_unless_busy, true),
+            _ => (&sql.insert, false),
         }
     }
 
@@ -114,24 +240,17 @@ impl Dialect {
         matches!(self, Dialect::MySql)
     }
 
-    /// The read of a record that a delivery may go on to retry: locking on PostgreSQL
-    /// ([`SELECT_FOR_UPDATE`]); SQLite's `BEGIN IMMEDIATE` holds the database already, so
-    /// the plain [`SELECT`]. `None` when the plain read already done suffices.
+    /// The read of a record that a delivery may go on to retry: locking on PostgreSQL and
+    /// MySQL ([`SELECT_FOR_UPDATE`]); SQLite's `BEGIN IMMEDIATE` holds the database already,
+    /// so the plain [`SELECT`]. `None` when the plain read already done suffices.
     pub fn inbox_locking_select(self) -> Option<&'static str> {
-        match self {
-            Dialect::Postgres | Dialect::MySql => Some(SELECT_FOR_UPDATE),
-            Dialect::Sqlite => None,
-        }
+        self.inbox().select_for_update.as_deref()
     }
 
     /// One bounded batch of retention: [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or
     /// [`PURGE_MYSQL`].
     pub fn inbox_purge(self) -> &'static str {
-        match self {
-            Dialect::Postgres => PURGE_POSTGRES,
-            Dialect::Sqlite => PURGE_SQLITE,
-            Dialect::MySql => PURGE_MYSQL,
-        }
+        &self.inbox().purge
     }
 
     /// The statement that bounds how long this transaction waits for a lock, `millis`
@@ -175,21 +294,32 @@ mod tests {
 
     #[test]
     fn each_dialect_runs_its_own_inbox_statements() {
-        assert_eq!(
-            Dialect::Postgres.inbox_insert(true),
-            (INSERT_UNLESS_BUSY, true)
+        let pg = Dialect::Postgres;
+        assert!(
+            pg.inbox_insert(true)
+                .0
+                .contains("pg_try_advisory_xact_lock")
         );
-        assert_eq!(Dialect::Postgres.inbox_insert(false), (INSERT, false));
-        assert_eq!(Dialect::Sqlite.inbox_insert(true), (INSERT, false));
+        assert!(pg.inbox_insert(true).1);
+        assert!(
+            !pg.inbox_insert(false)
+                .0
+                .contains("pg_try_advisory_xact_lock")
+        );
+        assert_eq!(
+            Dialect::Sqlite.inbox_insert(true),
+            Dialect::Sqlite.inbox_insert(false)
+        );
         assert_eq!(
             Dialect::Postgres.set_lock_timeout(0).as_deref(),
             Some("SET LOCAL lock_timeout = '1ms'")
         );
         assert_eq!(Dialect::Sqlite.set_lock_timeout(50), None);
         assert!(Dialect::Sqlite.inbox_locking_select().is_none());
-        assert!(PURGE_POSTGRES.contains("SKIP LOCKED"));
+        assert!(pg.inbox_purge().contains("SKIP LOCKED"));
         let my = Dialect::MySql;
-        assert_eq!(my.inbox_insert(true), (INSERT_MYSQL, false));
+        assert!(!my.inbox_insert(true).0.contains("ON CONFLICT"));
+        assert!(!my.inbox_insert(true).1);
         assert!(my.refuses_taken_keys() && !Dialect::Postgres.refuses_taken_keys());
         // whole seconds, rounded up
         assert_eq!(
@@ -201,5 +331,29 @@ mod tests {
             Some("SET SESSION innodb_lock_wait_timeout = 1")
         );
         assert!(my.inbox_purge().contains("ORDER BY updated_at LIMIT $3"));
+    }
+
+    #[test]
+    fn every_time_is_the_database_clock_unless_one_is_bound() {
+        for dialect in Dialect::ALL {
+            let sql = dialect.inbox();
+            let now = dialect.now_millis();
+            for statement in [
+                &sql.insert,
+                &sql.insert_unless_busy,
+                &sql.select,
+                &sql.retry,
+                &sql.bury,
+                &sql.succeed,
+                &sql.fail,
+                &sql.stuck,
+                &sql.purge,
+                &sql.now,
+            ] {
+                assert!(!statement.contains("{now}"), "{statement}");
+                assert!(statement.contains(now), "{dialect:?}: {statement}");
+            }
+            assert!(sql.select_for_update.iter().all(|s| s.contains(now)));
+        }
     }
 }

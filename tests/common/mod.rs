@@ -33,7 +33,7 @@ pub const TABLES: &str = "
     );
 ";
 
-fn require_servers() -> bool {
+pub fn require_servers() -> bool {
     std::env::var("IDEM_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
 }
 

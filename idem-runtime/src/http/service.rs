@@ -185,7 +185,7 @@ where
 {
     let work = match begin(&config.pool, plan).await {
         Begun::Run(work) => work,
-        Begun::Done(done) => return Ok(P::answer(done, config.inbox.now_millis())),
+        Begun::Done(done) => return Ok(P::answer(done, Now::of(config))),
     };
     let held = work.held();
     let slot = Slot::new(work);
@@ -303,7 +303,7 @@ where
     let lease = match claimed {
         Ok(Claimed::Work(lease)) => lease,
         Ok(Claimed::Done(delivery)) => {
-            return Ok(delivered(Ok(delivery), config.inbox.now_millis()));
+            return Ok(delivered(Ok(delivery), Now::of(config)));
         }
         Err(e) => return Ok(database_error(&e)),
     };
@@ -394,16 +394,38 @@ where
     }
 }
 
+/// The time as this instance sees it, for the advice of `Retry-After` only (a lease's end
+/// is the database's time): a skewed clock makes the advice at worst 0 or one lease.
+#[derive(Clone, Copy)]
+struct Now {
+    local: i64,
+    lease: i64,
+}
+
+impl Now {
+    fn of<DB: Backend>(config: &Config<DB>) -> Now {
+        Now {
+            local: config.inbox.local_now_millis(),
+            lease: config.inbox.lease_millis(),
+        }
+    }
+
+    /// Milliseconds until `until`, within 0 and one lease.
+    fn until(self, until: i64) -> i64 {
+        until.saturating_sub(self.local).clamp(0, self.lease.max(0))
+    }
+}
+
 /// How a plan's early end becomes a response.
 trait Answer<DB: Backend>: Plan<DB> {
-    /// `now`: the inbox clock's time, for `Retry-After`.
-    fn answer(done: Result<Self::Reply, Error<Infallible>>, now: i64) -> Response<Body>;
+    /// `now`: the time, for `Retry-After`.
+    fn answer(done: Result<Self::Reply, Error<Infallible>>, now: Now) -> Response<Body>;
 }
 
 impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
     fn answer(
         done: Result<Delivery<StoredResponse>, Error<Infallible>>,
-        now: i64,
+        now: Now,
     ) -> Response<Body> {
         delivered(done, now)
     }
@@ -412,7 +434,7 @@ impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
 /// The answer to a request whose key's record ended the call: a replay, a 422, a 409, …
 fn delivered(
     done: Result<Delivery<StoredResponse>, Error<Infallible>>,
-    now: i64,
+    now: Now,
 ) -> Response<Body> {
     match done {
             Ok(Delivery::Duplicate {
@@ -427,7 +449,7 @@ fn delivered(
             )
             .into_response(),
             Ok(Delivery::InProgress { lease_until_millis }) => {
-            in_progress(lease_until_millis.map(|until| until.saturating_sub(now)))
+            in_progress(lease_until_millis.map(|until| now.until(until)))
         }
             Ok(Delivery::Dead { attempts, .. }) => server_error(&format!(
                 "the request with this key failed on each of its {attempts} attempts and is parked; use a new key"
@@ -477,7 +499,7 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
 }
 
 impl<DB: Backend> Answer<DB> for Unrecorded {
-    fn answer(done: Result<(), Error<Infallible>>, _: i64) -> Response<Body> {
+    fn answer(done: Result<(), Error<Infallible>>, _: Now) -> Response<Body> {
         match done {
             Ok(()) => server_error("a request without a key ended before its handler"),
             Err(e) => database_error(&e),

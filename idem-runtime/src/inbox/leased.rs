@@ -5,7 +5,7 @@
 
 use super::counters::Counter;
 use super::record::{self, Found};
-use super::{Claimed, Delivery, Inbox, Lease, MessageKey, sql};
+use super::{Claimed, Delivery, Inbox, Lease, MessageKey};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -155,15 +155,18 @@ impl<T> ClaimPlan<'_, T> {
         dialect: crate::backend::Dialect,
     ) -> Result<Step, Error<Infallible>> {
         let inbox = self.inbox;
-        let now = inbox.clock.now_millis();
-        let lease_until = now.saturating_add(millis(inbox.lease));
+        // The database's time (or a test clock's), read once: the claim reports when its
+        // lease ends, and every statement of the claim judges by the same time.
+        let now = inbox.now_in::<DB>(tx).await?;
+        let lease = inbox.lease_millis();
+        let lease_until = now.saturating_add(lease);
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
         let insert = [
             group,
             message,
             Param::Text(&self.fingerprint),
             Param::Text(record::PROCESSING),
-            Param::Int(lease_until),
+            Param::Int(lease),
             Param::Int(now),
         ];
         let (statement, _) = dialect.inbox_insert(false);
@@ -180,7 +183,8 @@ impl<T> ClaimPlan<'_, T> {
             match inbox.found::<DB>(tx, self.key, &self.fingerprint).await? {
                 Found::Retry { attempts, .. } if attempts >= inbox.max_attempts => {
                     // The last attempt died with its lease (a crash): park the message.
-                    DB::execute(tx, sql::BURY, &[group, message, Param::Int(now)]).await?;
+                    let bury = &dialect.inbox().bury;
+                    DB::execute(tx, bury, &[group, message, Param::Int(now)]).await?;
                     Step::Dead(attempts)
                 }
                 Found::Retry { attempts, takeover } => {
@@ -188,11 +192,11 @@ impl<T> ClaimPlan<'_, T> {
                         group,
                         message,
                         Param::Text(record::PROCESSING),
-                        Param::Int(lease_until),
+                        Param::Int(lease),
                         Param::Int(now),
                         Param::Int(attempts),
                     ];
-                    DB::execute(tx, sql::RETRY, &params).await?;
+                    DB::execute(tx, &dialect.inbox().retry, &params).await?;
                     let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
                     Step::Work(lease, takeover.then_some(Counter::Takeovers))
                 }
@@ -241,19 +245,14 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
     ) -> Result<Entered<Recorded>, Error<Infallible>> {
         let lease = self.lease;
         let inbox = &lease.inbox;
-        let now = inbox.clock.now_millis();
+        let now = inbox.at();
+        let statements = DB::dialect(tx)?.inbox();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(lease.key.as_str()));
         let (reply, recorded) = match self.outcome {
             Outcome::Succeeded(json) => {
                 let stored = json.map_or(Param::Null, Param::Text);
-                let params = [
-                    group,
-                    message,
-                    stored,
-                    Param::Int(now),
-                    Param::Int(lease.attempt),
-                ];
-                let recorded = DB::execute(tx, sql::SUCCEED, &params).await? == 1;
+                let params = [group, message, stored, now, Param::Int(lease.attempt)];
+                let recorded = DB::execute(tx, &statements.succeed, &params).await? == 1;
                 (Recorded::Succeeded, recorded)
             }
             Outcome::Failed(error) => {
@@ -262,10 +261,10 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
                     message,
                     Param::Int(inbox.max_attempts),
                     Param::Text(error),
-                    Param::Int(now),
+                    now,
                     Param::Int(lease.attempt),
                 ];
-                let recorded = DB::execute(tx, sql::FAIL, &params).await? == 1;
+                let recorded = DB::execute(tx, &statements.fail, &params).await? == 1;
                 let last = recorded && lease.attempt >= inbox.max_attempts;
                 // A failure whose lease was taken over records nothing; the handler's
                 // error is still what the caller gets.
@@ -350,7 +349,7 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
         _: Entry,
     ) -> Result<Entered<Extended>, Error<Infallible>> {
         let lease = self.lease;
-        let now = lease.inbox.clock.now_millis();
+        let now = lease.inbox.now_in::<DB>(tx).await?;
         let until = now.saturating_add(millis(self.by));
         let params = [
             Param::Text(&lease.inbox.group),
@@ -359,7 +358,7 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
             Param::Int(now),
             Param::Int(lease.attempt),
         ];
-        let extended = DB::execute(tx, sql::EXTEND, &params).await? == 1;
+        let extended = DB::execute(tx, &DB::dialect(tx)?.inbox().extend, &params).await? == 1;
         Ok(Entered::Done {
             reply: extended.then_some(until),
             commit: extended,

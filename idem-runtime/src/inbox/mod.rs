@@ -170,7 +170,8 @@ pub struct Inbox {
     lease: Duration,
     max_attempts: i64,
     lock_timeout: Option<Duration>,
-    clock: Arc<dyn Clock>,
+    /// `None`: the database's clock decides (the default).
+    clock: Option<Arc<dyn Clock>>,
     counters: Arc<Counters>,
 }
 
@@ -187,7 +188,7 @@ impl fmt::Debug for Inbox {
 
 impl Inbox {
     /// An inbox for consumer group `group` (validated like a key), with a 30 s lease,
-    /// 5 attempts, no lock timeout and the system clock.
+    /// 5 attempts, no lock timeout and the database's clock.
     pub fn new(group: impl Into<String>) -> Result<Inbox, KeyError> {
         let group = valid_text(group.into())?;
         Ok(Inbox {
@@ -196,7 +197,7 @@ impl Inbox {
             lease: Duration::from_secs(30),
             max_attempts: 5,
             lock_timeout: None,
-            clock: Arc::new(SystemClock),
+            clock: None,
         })
     }
 
@@ -230,9 +231,16 @@ impl Inbox {
         self
     }
 
-    /// The clock for leases and retention (tests use a [`ManualClock`]).
+    /// Replaces the database's clock for leases and retention with `clock`: for tests, a
+    /// [`ManualClock`], so a replay "an hour later" or an expired lease needs no waiting.
+    ///
+    /// By default every lease end, `updated_at` and retention cutoff is read from the
+    /// database's clock inside the statement that decides it, so the instances sharing a
+    /// database agree on them whatever their own clocks say: an instance whose clock runs
+    /// ahead neither takes over live leases nor purges records inside their retention.
+    /// [`SystemClock`] here would make this instance's clock decide instead.
     pub fn clock(mut self, clock: impl Clock) -> Inbox {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -241,10 +249,49 @@ impl Inbox {
         &self.group
     }
 
-    /// The inbox clock's time, in milliseconds since the epoch.
+    /// The time as this instance sees it (the inbox's clock if one was given, else the
+    /// system's), in milliseconds since the epoch: only for advice such as `Retry-After`,
+    /// never for deciding a lease or a cutoff (the database does).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn now_millis(&self) -> i64 {
-        self.clock.now_millis()
+    pub(crate) fn local_now_millis(&self) -> i64 {
+        match &self.clock {
+            Some(clock) => clock.now_millis(),
+            None => SystemClock.now_millis(),
+        }
+    }
+
+    /// The time bound to a statement's `now` parameter: NULL, so the database's clock
+    /// decides, unless a clock was given ([`Inbox::clock`]).
+    pub(crate) fn at(&self) -> Param<'static> {
+        match &self.clock {
+            Some(clock) => Param::Int(clock.now_millis()),
+            None => Param::Null,
+        }
+    }
+
+    /// The time itself, for a unit of work that must know it (a lease's end): the given
+    /// clock's, or the database's, read in the transaction.
+    pub(crate) async fn now_in<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<i64, Error<Infallible>> {
+        if let Some(clock) = &self.clock {
+            return Ok(clock.now_millis());
+        }
+        let statement = &DB::dialect(conn)?.inbox().now;
+        DB::fetch(conn, statement, &[Param::Null])
+            .await?
+            .and_then(|row| row.int("now"))
+            .ok_or_else(|| Error::CorruptRecord {
+                group: self.group.clone(),
+                key: String::new(),
+                problem: "the database returned no time".into(),
+            })
+    }
+
+    /// The lease, in milliseconds.
+    pub(crate) fn lease_millis(&self) -> i64 {
+        millis(self.lease)
     }
 
     /// What this inbox (and its clones) did so far.
@@ -356,13 +403,13 @@ impl Inbox {
         retention: Duration,
         batch: u32,
     ) -> Result<u64, Error<Infallible>> {
-        let cutoff = self.clock.now_millis().saturating_sub(millis(retention));
+        let retention = millis(retention);
         let batch = i64::from(batch.max(1));
         let mut total = 0;
         loop {
             let plan = retention::PurgePlan {
                 inbox: self,
-                cutoff,
+                retention,
                 batch,
             };
             let Some(deleted) = stages_only(pool, &plan).await? else {
@@ -385,9 +432,9 @@ impl Inbox {
     /// when it stays above zero.
     pub async fn stuck<DB: Backend>(&self, pool: &Pool<DB>) -> Result<Stuck, sqlx::Error> {
         let mut conn = pool.acquire().await?;
-        let now = self.clock.now_millis();
-        let params = [Param::Text(&self.group), Param::Int(now)];
-        let row = DB::fetch(&mut conn, sql::STUCK, &params)
+        let statement = &DB::dialect(&conn)?.inbox().stuck;
+        let params = [Param::Text(&self.group), self.at()];
+        let row = DB::fetch(&mut conn, statement, &params)
             .await?
             .unwrap_or_default();
         Ok(Stuck {

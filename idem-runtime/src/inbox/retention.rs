@@ -11,11 +11,11 @@ use crate::work::{Entered, Entry, GaveUp, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 
-/// Deletes at most `batch` finished records of the inbox's group last touched before
-/// `cutoff` (milliseconds).
+/// Deletes at most `batch` finished records of the inbox's group last touched more than
+/// `retention` milliseconds ago, by the database's clock (or the inbox's test clock).
 pub(crate) struct PurgePlan<'a> {
     pub(crate) inbox: &'a Inbox,
-    pub(crate) cutoff: i64,
+    pub(crate) retention: i64,
     pub(crate) batch: i64,
 }
 
@@ -45,8 +45,9 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
         let statement = DB::dialect(tx)?.inbox_purge();
         let params = [
             Param::Text(&self.inbox.group),
-            Param::Int(self.cutoff),
+            self.inbox.at(),
             Param::Int(self.batch),
+            Param::Int(self.retention),
         ];
         let deleted = DB::execute(tx, statement, &params).await?;
         Ok(Entered::Done {

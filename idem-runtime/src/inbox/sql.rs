@@ -25,8 +25,6 @@ pub fn migration(dialect: crate::backend::Dialect) -> &'static str {
     }
 }
 
-pub(crate) use idem_sql::inbox::{BURY, EXTEND, FAIL, RETRY, SELECT, STORE_RESULT, STUCK, SUCCEED};
-
 /// The statements of a migration, one by one (a prepared statement holds one command).
 pub(crate) fn statements(migration: &str) -> impl Iterator<Item = &str> {
     migration.split(';').map(str::trim).filter(|statement| {

@@ -3,7 +3,7 @@
 
 use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
-use super::{Delivery, Inbox, MessageKey, fingerprint, sql};
+use super::{Delivery, Inbox, MessageKey, fingerprint};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
@@ -140,15 +140,17 @@ impl InboxStage {
         dialect: crate::backend::Dialect,
     ) -> Result<Result<bool, Option<Ended>>, Error<Infallible>> {
         let inbox = &self.inbox;
-        let now = inbox.clock.now_millis();
+        // The time each statement judges by: the database's, unless a test clock was given.
+        let now = inbox.at();
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
         let insert = [
             group,
             message,
             Param::Text(&self.fingerprint),
             Param::Text(record::SUCCESS),
+            // no lease: the record commits with the handler's effects
             Param::Null,
-            Param::Int(now),
+            now,
         ];
         // Only the insert that gives way to a busy key can insert nothing and find no record.
         let (statement, unblocked) = dialect.inbox_insert(self.unblocked);
@@ -176,10 +178,10 @@ impl InboxStage {
                         message,
                         Param::Text(record::SUCCESS),
                         Param::Null,
-                        Param::Int(now),
+                        now,
                         Param::Int(attempts),
                     ];
-                    DB::execute(conn, sql::RETRY, &params).await?;
+                    DB::execute(conn, &dialect.inbox().retry, &params).await?;
                     took_over = takeover;
                 }
                 Found::Ended(ended) => return Ok(Err(Some(ended))),
@@ -201,7 +203,7 @@ impl Recorded {
             Param::Text(self.key.as_str()),
             Param::Text(json),
         ];
-        DB::execute(conn, sql::STORE_RESULT, &params)
+        DB::execute(conn, &DB::dialect(conn)?.inbox().store_result, &params)
             .await
             .map(drop)
     }
@@ -481,7 +483,7 @@ impl Inbox {
         // is once no other delivery holds it (SQLite: inside `BEGIN IMMEDIATE`, already
         // locked).
         let found = self
-            .read_record::<DB>(conn, key, fingerprint, sql::SELECT)
+            .read_record::<DB>(conn, key, fingerprint, &DB::dialect(conn)?.inbox().select)
             .await?;
         match found {
             Some(Found::Retry { .. }) => match DB::dialect(conn)?.inbox_locking_select() {
@@ -503,9 +505,17 @@ impl Inbox {
         fingerprint: &str,
         statement: &str,
     ) -> Result<Option<Found>, Error<Infallible>> {
-        let params = [Param::Text(&self.group), Param::Text(key.as_str())];
+        let params = [
+            Param::Text(&self.group),
+            Param::Text(key.as_str()),
+            self.at(),
+        ];
         let Some(mut row) = DB::fetch(conn, statement, &params).await? else {
             return Ok(None);
+        };
+        // The time the lease is judged by, read with the record (the database's clock).
+        let Some(now) = row.int("now") else {
+            return Err(self.corrupt(key, "the database returned no time with the record"));
         };
         let stored = Stored {
             status: row.take_text("status").unwrap_or_default(),
@@ -515,10 +525,6 @@ impl Inbox {
             error: row.take_text("error"),
             lease_until: row.int("lease_until"),
         };
-        Ok(Some(record::classify(
-            stored,
-            fingerprint,
-            self.clock.now_millis(),
-        )))
+        Ok(Some(record::classify(stored, fingerprint, now)))
     }
 }
