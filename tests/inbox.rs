@@ -78,6 +78,33 @@ macro_rules! inbox_tests {
                 assert_eq!((counters.applied, counters.duplicates), (1, 3));
             }
 
+            /// Keys and groups compare byte for byte: a trailing space makes another record
+            /// (MySQL's `utf8mb4_bin` pads, so idem's columns there are binary).
+            #[tokio::test]
+            async fn keys_that_differ_by_a_trailing_space_are_two_records() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                for (k, amount) in [("k", 1), ("k ", 2), ("k  ", 3)] {
+                    assert_eq!(
+                        deliver(&inbox, &pool, &key(k), 9, amount).await.unwrap(),
+                        Delivery::Processed(900 + amount),
+                        "{k:?} is a record of its own"
+                    );
+                }
+                for (k, amount) in [("k", 1), ("k ", 2), ("k  ", 3)] {
+                    assert_eq!(
+                        deliver(&inbox, &pool, &key(k), 9, amount).await.unwrap(),
+                        Delivery::Duplicate { first_result: Some(900 + amount) },
+                        "{k:?} replays its own first result"
+                    );
+                }
+                let spaced = Inbox::new("billing ").unwrap();
+                assert!(deliver(&spaced, &pool, &key("k"), 9, 1).await.unwrap().is_processed());
+                assert_eq!(effects(&pool).await, 4);
+                let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox").fetch_one(&pool).await.unwrap();
+                assert_eq!(records, 4);
+            }
+
             #[tokio::test]
             async fn the_same_key_with_other_content_is_a_conflict() {
                 let Some(pool) = setup().await else { return };

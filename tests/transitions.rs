@@ -169,6 +169,33 @@ macro_rules! backend_tests {
                     .unwrap()
             }
 
+            /// Entity keys compare byte for byte in the results table: `"k"` and `"k "` are
+            /// two rows of the user's table (an exact column) and two first results, neither
+            /// replayed to the other.
+            #[tokio::test]
+            async fn keys_that_differ_by_a_trailing_space_have_their_own_results() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("INSERT INTO text_orders (code, state) VALUES ('k', 'DRAFT'), ('k ', 'DRAFT')")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                for code in ["k", "k "] {
+                    assert_eq!(submit(&pool, code).await.unwrap(), Outcome::Applied(format!("submitted {code}")));
+                }
+                for code in ["k", "k "] {
+                    assert_eq!(
+                        submit(&pool, code).await.unwrap(),
+                        Outcome::AlreadyDone { current: TextOrder::Created, first_result: Some(format!("submitted {code}")) },
+                        "{code:?} replays its own first result"
+                    );
+                }
+                let results: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM text_results")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(results, 2);
+            }
+
             #[tokio::test]
             async fn applied_then_duplicate_replays_the_first_result() {
                 let Some(pool) = setup().await else { return };

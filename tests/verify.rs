@@ -93,6 +93,36 @@ macro_rules! verify_tests {
                 );
             }
 
+            /// A state with a trailing space is not a declared state: `verify` reports it, as
+            /// `enforce` refuses it (MySQL's `utf8mb4_bin` would group it with `CREATED`).
+            #[tokio::test]
+            async fn a_state_with_a_trailing_space_is_reported_as_enforce_refuses_it() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("INSERT INTO orders (order_id, status, version) VALUES (1, 'CREATED', 0), (2, 'CREATED ', 0), (3, 'PAID  ', 0)")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let report = idem::verify::<Order, _>(&pool).await.unwrap();
+                assert_eq!(
+                    report.problems,
+                    vec![SchemaProblem::UndeclaredStates {
+                        table: "orders".into(),
+                        column: "status".into(),
+                        values: vec![("CREATED ".into(), 1), ("PAID  ".into(), 1)],
+                        distinct: 2,
+                        rows: 2,
+                    }],
+                    "{report}"
+                );
+                sqlx::query("DELETE FROM orders WHERE order_id > 1").execute(&pool).await.unwrap();
+                assert!(idem::verify::<Order, _>(&pool).await.unwrap().is_ok());
+                idem::enforce::<Order, _>(&pool).await.unwrap();
+                for spaced in ["CREATED ", "PAID  "] {
+                    let insert = format!("INSERT INTO orders (order_id, status, version) VALUES (4, '{spaced}', 0)");
+                    assert!(sqlx::query(&insert).execute(&pool).await.is_err(), "enforce refuses {spaced:?}");
+                }
+            }
+
             #[tokio::test]
             async fn missing_tables_and_columns_are_all_reported() {
                 let Some(pool) = setup().await else { return };
@@ -130,8 +160,15 @@ macro_rules! verify_tests {
                     .await
                     .unwrap();
                 let report = idem::verify::<Order, _>(&pool).await.unwrap();
+                // MySQL's TEXT compares under its default collation, not byte for byte: the
+                // key columns are reported too.
+                let (outdated, problems): (Vec<_>, Vec<_>) = report
+                    .problems
+                    .iter()
+                    .cloned()
+                    .partition(|p| matches!(p, SchemaProblem::OutdatedTable { .. }));
                 assert_eq!(
-                    report.problems,
+                    problems,
                     vec![SchemaProblem::MissingColumn {
                         table: "idem_inbox".into(),
                         column: "lease_until".into(),
@@ -139,6 +176,8 @@ macro_rules! verify_tests {
                     }],
                     "{report}"
                 );
+                let mysql = stringify!($module) == "mysql";
+                assert_eq!(outdated.len(), usize::from(mysql), "{report}");
             }
         }
     };
@@ -270,6 +309,43 @@ async fn an_outdated_postgres_inbox_is_reported_until_migrated() {
     assert!(
         matches!(report.problems.as_slice(), [SchemaProblem::OutdatedTable { table, .. }] if table == "idem_inbox"),
         "{report}"
+    );
+    idem::migrate(&pool).await.unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    assert!(report.is_ok(), "{report}");
+}
+
+/// Tables from the first MySQL migration alone compare keys under `utf8mb4_bin`, which
+/// pads (`"k"` is `"k "`): the report names each, until `idem::migrate` (or the second
+/// migration) makes them binary.
+#[tokio::test]
+async fn outdated_mysql_key_columns_are_reported_until_migrated() {
+    let Some(pool) = common::mysql(&format!("verify_padded_{}", common::next_id()), 2).await else {
+        return;
+    };
+    let first = idem::inbox::MYSQL_MIGRATION
+        .split("ALTER TABLE")
+        .next()
+        .unwrap();
+    sqlx::raw_sql(first).execute(&pool).await.unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    let outdated: Vec<(&str, &str)> = report
+        .problems
+        .iter()
+        .map(|p| match p {
+            SchemaProblem::OutdatedTable { table, problem } => (table.as_str(), problem.as_str()),
+            other => panic!("unexpected problem {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        outdated.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        ["idem_results", "idem_inbox"],
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("idem's table `idem_results` is outdated: its key columns `machine`, `entity_key`, `from_state`, `to_state` compare under `utf8mb4_bin`, not byte for byte (keys that differ by trailing spaces are one); run `idem::migrate` or the migration `0002_idem_exact_keys.sql`"),
+        "{text}"
     );
     idem::migrate(&pool).await.unwrap();
     let report = idem::verify::<Order, _>(&pool).await.unwrap();

@@ -2,8 +2,9 @@
 
 pub use idem_sql::ident::{sql_identifier_problem, table_name_problem};
 
-/// The longest state name.
-pub const MAX_STATE_LEN: usize = 64;
+/// The longest state name, in bytes: the results table's `from_state` and `to_state`
+/// columns.
+pub const MAX_STATE_LEN: usize = idem_sql::limits::STATE;
 
 /// Why `s` is not a state name (`[A-Za-z0-9_-]`, 1 to 64 bytes).
 pub fn state_name_problem(s: &str) -> Option<String> {
@@ -12,7 +13,7 @@ pub fn state_name_problem(s: &str) -> Option<String> {
     }
     if s.len() > MAX_STATE_LEN {
         return Some(format!(
-            "is {} bytes long; state names may be at most {MAX_STATE_LEN}",
+            "is {} bytes long; state names may be at most {MAX_STATE_LEN} (the results table's `from_state` and `to_state` columns hold that many)",
             s.len()
         ));
     }

@@ -7,7 +7,9 @@
 
 use crate::backend::{Backend, Param, Record, is_duplicate};
 use crate::column::{ColumnProblem, ColumnValue, SetColumns};
-use crate::engine::{CallKey, Moved, Params, Setting, checked_key, key_params, replay};
+use crate::engine::{
+    CallKey, Moved, Params, Setting, checked_key, checked_key_text, key_params, replay,
+};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef};
@@ -298,6 +300,7 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         checked_key(&self.key, self.machine.definition)?;
+        checked_key_text(&self.key_text)?;
         if let Some(set) = &self.set {
             set.check()?;
         }

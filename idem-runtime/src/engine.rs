@@ -131,6 +131,16 @@ pub(crate) fn checked_key<'k>(
     Ok(key)
 }
 
+/// `text`, the key as the results table stores it, if it fits there: checked before any
+/// statement, on every backend alike, never left to the column (MySQL outside strict mode
+/// truncates, and two keys would share one first result).
+pub(crate) fn checked_key_text(text: &str) -> Result<(), Error<Infallible>> {
+    if text.len() > crate::key::MAX_KEY_TEXT_LEN {
+        return Err(Error::InvalidKey(KeyError::TextTooLong { len: text.len() }));
+    }
+    Ok(())
+}
+
 /// Why the transition stage did not move its row.
 pub(crate) enum NotMoved<M> {
     /// A duplicate; the stored first result, if any (JSON).
@@ -242,6 +252,7 @@ impl<M> TransitionStage<M> {
                 value: value.clone(),
             });
         }
+        checked_key_text(self.result_key())?;
         if let Some(set) = &self.set {
             set.check()?;
         }

@@ -3,6 +3,13 @@
 /// The longest text key idem accepts, in bytes.
 pub const MAX_KEY_LEN: usize = 255;
 
+/// The longest key text the results table stores with a first result, in bytes, on every
+/// backend ([`Key::to_text`]: a composite key's JSON array of its parts; an event
+/// stream's key followed by U+001F and the event's version). A key whose text is longer is
+/// [`KeyError::TextTooLong`], before any statement runs. Five text parts of 255 bytes can
+/// exceed it (a `"` takes two bytes in JSON); two cannot.
+pub const MAX_KEY_TEXT_LEN: usize = idem_sql::limits::KEY_TEXT;
+
 /// A business key, bound as a parameter of the transition statement.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -142,6 +149,13 @@ pub enum KeyError {
         /// The key, in decimal.
         value: String,
     },
+    /// The key's text, as the results table stores it with the first result
+    /// ([`Key::to_text`]), is longer than [`MAX_KEY_TEXT_LEN`] bytes: a composite key of
+    /// many long parts.
+    TextTooLong {
+        /// The text's length in bytes.
+        len: usize,
+    },
     /// The key has a different number of parts than the machine has key columns.
     WrongArity {
         /// The machine's key columns.
@@ -166,6 +180,10 @@ impl core::fmt::Display for KeyError {
                 f,
                 "the integer key {value} does not fit a signed 64-bit column (at most {})",
                 i64::MAX
+            ),
+            KeyError::TextTooLong { len } => write!(
+                f,
+                "the key's text, stored with its first result, is {len} bytes long; it may be at most {MAX_KEY_TEXT_LEN} bytes (use shorter parts, or hash long ones)"
             ),
             KeyError::WrongArity { columns, parts } => write!(
                 f,

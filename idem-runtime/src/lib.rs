@@ -50,7 +50,9 @@ pub use error::{Error, RowProblem};
 pub use fallible::{Consumed, ConsumedTransition, Created, Fallible, Handled};
 pub use glue::Storable;
 pub use inbox::migrate;
-pub use key::{CompositeKey, Key, KeyError, MAX_KEY_LEN, ToKey, ToVersion, ToWatermark};
+pub use key::{
+    CompositeKey, Key, KeyError, MAX_KEY_LEN, MAX_KEY_TEXT_LEN, ToKey, ToVersion, ToWatermark,
+};
 pub use machine::{Definition, Machine};
 pub use observe::{Labels, set_trace_keys};
 pub use outcome::{Outcome, OutcomeKind, Refusal};

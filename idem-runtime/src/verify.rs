@@ -31,6 +31,12 @@ const INBOX_COLUMNS: [&str; 10] = [
     "updated_at",
 ];
 
+/// The columns of the results table that make its key: compared byte for byte.
+const RESULT_KEY_COLUMNS: [&str; 4] = ["machine", "entity_key", "from_state", "to_state"];
+
+/// The columns of the inbox table that make its key: compared byte for byte.
+const INBOX_KEY_COLUMNS: [&str; 2] = ["consumer_group", "message_key"];
+
 /// How many undeclared state values a report names (it counts them all).
 const SHOWN_STATES: usize = 10;
 
@@ -42,13 +48,19 @@ const SHOWN_STATES: usize = 10;
 ///   column text, `varchar` or an ENUM; the version column an integer or numeric — a
 ///   domain counts as its base type). SQLite stores any value in any column, so there only
 ///   the columns' presence is checked;
-/// - every state value in the table is one the machine declares, no row has a NULL state,
+/// - every state value in the table is one the machine declares, compared byte for byte
+///   as `idem::enforce` compares them (`'CREATED '` or `'created'` is not `CREATED`, even
+///   in a MySQL column whose collation says so), no row has a NULL state,
 ///   and no row has a NULL version (a transition never moves such a row: its guard is
 ///   `version IS NOT NULL`);
 /// - the machine's results table exists with the columns idem uses;
 /// - the inbox table `idem_inbox`, if the database has one (a service without an inbox
 ///   needs none), has the columns of this version of idem and, on PostgreSQL, no longer
-///   the status CHECK constraint of the first migration (`idem::migrate` drops it).
+///   the status CHECK constraint of the first migration (`idem::migrate` drops it);
+/// - on MySQL, the key columns of both (results: machine, key, states; inbox: group, key)
+///   compare byte for byte: a table of the first migration alone compares them under
+///   `utf8mb4_bin`, which ignores trailing spaces, so `"k"` and `"k "` share one record
+///   (`idem::migrate` or the migration `0002_idem_exact_keys.sql` makes them `VARBINARY`).
 ///
 /// It reads the machine's table once (one `GROUP BY` of the state column, a full scan
 /// unless the column is indexed): call it at start-up, not per request. `Err` only when
@@ -108,16 +120,24 @@ pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaRe
     }
 
     let results = definition.results_table;
-    idem_table::<DB>(conn, dialect, results, &RESULT_COLUMNS, true, &mut problems).await?;
-    idem_table::<DB>(
-        conn,
-        dialect,
-        "idem_inbox",
-        &INBOX_COLUMNS,
-        false,
-        &mut problems,
-    )
-    .await?;
+    let results_table = IdemTable {
+        name: results,
+        columns: &RESULT_COLUMNS,
+        key: &RESULT_KEY_COLUMNS,
+        required: true,
+    };
+    results_table
+        .check::<DB>(conn, dialect, &mut problems)
+        .await?;
+    let inbox_table = IdemTable {
+        name: "idem_inbox",
+        columns: &INBOX_COLUMNS,
+        key: &INBOX_KEY_COLUMNS,
+        required: false,
+    };
+    inbox_table
+        .check::<DB>(conn, dialect, &mut problems)
+        .await?;
     if let Some(sql) = dialect.outdated_inbox() {
         let checked = DB::fetch(conn, sql, &[]).await?;
         if checked.and_then(|r| r.int("n")).unwrap_or(0) > 0 {
@@ -191,39 +211,81 @@ async fn check_rows<M: Machine, DB: Backend>(
     Ok(())
 }
 
-/// One of idem's own tables: its columns, if it exists (or must).
-async fn idem_table<DB: Backend>(
-    conn: &mut DB::Connection,
-    dialect: Dialect,
-    table: &str,
-    expected: &[&str],
+/// One of idem's own tables, as this version of idem makes it.
+struct IdemTable<'a> {
+    /// Its name (`table` or `schema.table`).
+    name: &'a str,
+    /// The columns idem uses.
+    columns: &'a [&'a str],
+    /// The columns of its key, which must compare byte for byte.
+    key: &'a [&'a str],
+    /// Whether it must exist (the inbox need not).
     required: bool,
-    problems: &mut Vec<SchemaProblem>,
-) -> Result<(), sqlx::Error> {
-    match columns::<DB>(conn, dialect, table).await? {
-        None if required => problems.push(SchemaProblem::MissingTable {
-            table: table.to_owned(),
-        }),
-        None => {}
-        Some(found) => {
-            for column in expected {
-                if !found.iter().any(|c| c.name == *column) {
-                    problems.push(SchemaProblem::MissingColumn {
-                        table: table.to_owned(),
-                        column: (*column).to_owned(),
-                        role: ColumnRole::Idem,
-                    });
-                }
+}
+
+impl IdemTable<'_> {
+    /// Its columns, if it exists (or must), and whether its key columns are exact.
+    async fn check<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        dialect: Dialect,
+        problems: &mut Vec<SchemaProblem>,
+    ) -> Result<(), sqlx::Error> {
+        let table = self.name;
+        let found = match columns::<DB>(conn, dialect, table).await? {
+            None if self.required => {
+                problems.push(SchemaProblem::MissingTable {
+                    table: table.to_owned(),
+                });
+                return Ok(());
+            }
+            None => return Ok(()),
+            Some(found) => found,
+        };
+        for column in self.columns {
+            if !found.iter().any(|c| c.name == *column) {
+                problems.push(SchemaProblem::MissingColumn {
+                    table: table.to_owned(),
+                    column: (*column).to_owned(),
+                    role: ColumnRole::Idem,
+                });
             }
         }
+        let padded: Vec<&Column> = self
+            .key
+            .iter()
+            .filter_map(|key| found.iter().find(|c| c.name == *key))
+            .filter(|c| !dialect.compares_exactly(&c.type_name, &c.category))
+            .collect();
+        if !padded.is_empty() {
+            let names = padded
+                .iter()
+                .map(|c| format!("`{}`", c.name))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut collations: Vec<&str> = padded.iter().map(|c| c.category.as_str()).collect();
+            collations.sort_unstable();
+            collations.dedup();
+            problems.push(SchemaProblem::OutdatedTable {
+                table: table.to_owned(),
+                problem: format!(
+                    "its key columns {names} compare under `{}`, not byte for byte (keys that \
+                     differ by trailing spaces are one); run `idem::migrate` or the migration \
+                     `0002_idem_exact_keys.sql`",
+                    collations.join("`, `")
+                ),
+            });
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A column as the database describes it.
 struct Column {
     name: String,
     type_name: String,
+    /// PostgreSQL's type category; MySQL's collation (see `Dialect::columns`).
+    category: String,
     kind: TypeKind,
 }
 
@@ -269,6 +331,7 @@ async fn columns<DB: Backend>(
                 name,
                 kind: dialect.type_kind(&type_name, &category),
                 type_name,
+                category,
             })
             .collect(),
     ))

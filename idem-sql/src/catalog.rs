@@ -58,7 +58,8 @@ impl Dialect {
 
     /// The query of a table's columns, as one text column `found`: a JSON array of
     /// `[name, type, category]` (the category is PostgreSQL's, of a domain's base type;
-    /// empty elsewhere), `[]` when there is no such table.
+    /// MySQL's collation, empty for a column without one; empty on SQLite), `[]` when there
+    /// is no such table.
     pub fn columns(self) -> (&'static str, ColumnsOf) {
         match self {
             Dialect::Postgres => (
@@ -77,7 +78,8 @@ impl Dialect {
                 ColumnsOf::NameAndSchema,
             ),
             Dialect::MySql => (
-                "SELECT CAST(COALESCE(JSON_ARRAYAGG(JSON_ARRAY(column_name, data_type, '')), '[]') \
+                "SELECT CAST(COALESCE(JSON_ARRAYAGG(JSON_ARRAY(\
+                     column_name, data_type, COALESCE(collation_name, ''))), '[]') \
                  AS CHAR) AS found FROM information_schema.columns \
                  WHERE table_name = $1 AND table_schema = COALESCE($2, DATABASE())",
                 ColumnsOf::NameAndSchema,
@@ -104,6 +106,8 @@ impl Dialect {
                 "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" => {
                     TypeKind::Text
                 }
+                // Text compared byte for byte: idem binds and reads it as text.
+                "binary" | "varbinary" => TypeKind::Text,
                 "enum" => TypeKind::Enum,
                 // MariaDB 10.7+
                 "uuid" => TypeKind::Uuid,
@@ -112,26 +116,62 @@ impl Dialect {
         }
     }
 
+    /// Whether a column of type `name` (and `category`, as [`columns`](Self::columns)
+    /// reports them) tells values apart byte for byte, trailing spaces included. MySQL's
+    /// text types compare under their collation: only a binary NO PAD one is exact
+    /// (MariaDB's `…_nopad_bin`, MySQL 8's `utf8mb4_0900_bin`); `utf8mb4_bin` is PAD SPACE
+    /// (`'k' = 'k '`), and the default ones ignore case too. Its binary types are exact.
+    /// PostgreSQL's and SQLite's text types, as idem's tables use them, are.
+    pub fn compares_exactly(self, name: &str, category: &str) -> bool {
+        match self {
+            Dialect::Postgres | Dialect::Sqlite => true,
+            Dialect::MySql => {
+                let collation = category.to_ascii_lowercase();
+                match name.to_ascii_lowercase().as_str() {
+                    "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" => {
+                        collation.ends_with("_nopad_bin") || collation.ends_with("_0900_bin")
+                    }
+                    _ => true,
+                }
+            }
+        }
+    }
+
     /// The states in a machine's table, as one text column `found`: a JSON array of
     /// `[state, rows, rows without a version]`, one per distinct state (NULL included).
     pub fn state_groups(self, table: &str, state: &str, version: &str) -> String {
-        let (aggregate, array, text, exact) = match self {
-            Dialect::Postgres => ("json_agg", "json_build_array", "TEXT", ""),
-            Dialect::Sqlite => ("json_group_array", "json_array", "TEXT", ""),
-            // Grouped byte for byte: a column in a case-insensitive collation would
-            // otherwise count `created` as `CREATED`.
+        let state = self.quoted(state);
+        let (aggregate, array, text, value, group) = match self {
+            Dialect::Postgres => (
+                "json_agg",
+                "json_build_array",
+                "TEXT",
+                format!("CAST({state} AS TEXT)"),
+                "s".to_owned(),
+            ),
+            Dialect::Sqlite => (
+                "json_group_array",
+                "json_array",
+                "TEXT",
+                format!("CAST({state} AS TEXT)"),
+                "s".to_owned(),
+            ),
+            // Grouped by the bytes, as the enforcing triggers compare them: under the
+            // column's collation (or even `utf8mb4_bin`, which pads) `created` or `CREATED `
+            // would be counted as `CREATED`. Within a group every value has the same bytes,
+            // so MIN picks the one text.
             Dialect::MySql => (
                 "JSON_ARRAYAGG",
                 "JSON_ARRAY",
                 "CHAR",
-                " COLLATE utf8mb4_bin",
+                format!("MIN(CAST({state} AS CHAR))"),
+                format!("CAST({state} AS BINARY)"),
             ),
         };
         format!(
             "SELECT CAST(COALESCE({aggregate}({array}(s, n, nv)), '[]') AS {text}) AS found \
-             FROM (SELECT CAST({state} AS {text}){exact} AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
-             FROM {table} GROUP BY s) AS g",
-            state = self.quoted(state),
+             FROM (SELECT {value} AS s, COUNT(*) AS n, COUNT(*) - COUNT({version}) AS nv \
+             FROM {table} GROUP BY {group}) AS g",
             version = self.quoted(version),
             table = self.quoted(table),
         )
@@ -159,11 +199,22 @@ mod tests {
         assert_eq!(Dialect::MySql.type_kind("BIGINT", ""), TypeKind::Integer);
         assert_eq!(Dialect::MySql.type_kind("varchar", ""), TypeKind::Text);
         assert_eq!(Dialect::MySql.type_kind("json", ""), TypeKind::Other);
+        assert_eq!(Dialect::MySql.type_kind("varbinary", ""), TypeKind::Text);
         assert_eq!(Dialect::Postgres.type_kind("citext", "S"), TypeKind::Text);
         assert_eq!(Dialect::Sqlite.type_kind("", ""), TypeKind::Any);
         let groups = Dialect::MySql.state_groups("billing.orders", "status", "version");
-        assert!(groups.contains("CAST(`status` AS CHAR) COLLATE utf8mb4_bin AS s"));
-        assert!(groups.contains("FROM `billing`.`orders` GROUP BY s"));
+        assert!(groups.contains("MIN(CAST(`status` AS CHAR)) AS s"));
+        assert!(groups.contains("FROM `billing`.`orders` GROUP BY CAST(`status` AS BINARY)"));
+        let pg = Dialect::Postgres.state_groups("orders", "status", "version");
+        assert!(pg.contains("SELECT CAST(\"status\" AS TEXT) AS s"), "{pg}");
+        assert!(pg.contains("GROUP BY s"), "{pg}");
+        let my = Dialect::MySql;
+        assert!(!my.compares_exactly("varchar", "utf8mb4_bin"));
+        assert!(!my.compares_exactly("VARCHAR", "utf8mb4_general_ci"));
+        assert!(my.compares_exactly("varchar", "utf8mb4_nopad_bin"));
+        assert!(my.compares_exactly("varchar", "utf8mb4_0900_bin"));
+        assert!(my.compares_exactly("varbinary", ""));
+        assert!(Dialect::Postgres.compares_exactly("text", "S"));
         assert!(Dialect::Postgres.outdated_inbox().is_some());
     }
 }

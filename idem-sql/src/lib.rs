@@ -8,7 +8,8 @@
 //!
 //! Identifiers are validated before they get here ([`ident`]) and are quoted; every value
 //! is a bound parameter. [`dialect`] is what each backend is called, how it begins a write
-//! transaction and what its error codes mean. [`spelling`] finds the declared name nearest
+//! transaction and what its error codes mean. [`limits`] is how long a stored value may be.
+//! [`spelling`] finds the declared name nearest
 //! to a misspelled one, for the compile errors of the macros and the runtime's checks.
 
 #![warn(missing_docs)]
@@ -18,6 +19,7 @@ pub mod dialect;
 pub mod enforce;
 pub mod ident;
 pub mod inbox;
+pub mod limits;
 pub mod placeholder;
 pub mod spelling;
 pub mod transition;

@@ -511,17 +511,22 @@ impl Quoted {
         }
     }
 
-    /// MySQL: the results table in InnoDB, its key columns `VARCHAR` under a binary
-    /// collation (a `TEXT` key needs a prefix, and the default collations compare
-    /// case- and trailing-space-insensitively); the result in the default one. The key's 768 characters are InnoDB's
-    /// 3072-byte limit in `utf8mb4`.
+    /// MySQL: the results table in InnoDB, its key columns `VARBINARY`, compared byte for
+    /// byte. Not `VARCHAR … COLLATE utf8mb4_bin`: that collation is PAD SPACE, so `k` and
+    /// `k ` would be one key, and one entity's first result would be replayed to another;
+    /// the NO PAD collations are named differently on MariaDB (`utf8mb4_nopad_bin`) and
+    /// MySQL 8 (`utf8mb4_0900_bin`), and binary columns are exact on both. Their lengths
+    /// are [`limits`](crate::limits)' bytes, the primary key under InnoDB's 3072; the
+    /// result is text in the default collation. The same table as the shipped migrations
+    /// `0001_idem.sql` and `0002_idem_exact_keys.sql` together.
     fn mysql_create_results_table(&self) -> String {
+        use crate::limits::{KEY_TEXT, MACHINE_ID, STATE};
         format!(
             "CREATE TABLE IF NOT EXISTS {} (\n\
-             \x20   machine VARCHAR(128) COLLATE utf8mb4_bin NOT NULL,\n\
-             \x20   entity_key VARCHAR(512) COLLATE utf8mb4_bin NOT NULL,\n\
-             \x20   from_state VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,\n\
-             \x20   to_state VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,\n\
+             \x20   machine VARBINARY({MACHINE_ID}) NOT NULL,\n\
+             \x20   entity_key VARBINARY({KEY_TEXT}) NOT NULL,\n\
+             \x20   from_state VARBINARY({STATE}) NOT NULL,\n\
+             \x20   to_state VARBINARY({STATE}) NOT NULL,\n\
              \x20   result LONGTEXT NOT NULL,\n\
              \x20   created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n\
              \x20   PRIMARY KEY (machine, entity_key, from_state, to_state)\n\

@@ -125,7 +125,7 @@ pub const MYSQL_TABLES: &str = "
         amount BIGINT NOT NULL
     );
     CREATE TABLE text_orders (
-        code VARCHAR(255) COLLATE utf8mb4_bin PRIMARY KEY,
+        code VARCHAR(255) COLLATE utf8mb4_nopad_bin PRIMARY KEY,
         state VARCHAR(32) NOT NULL,
         version BIGINT NOT NULL DEFAULT 0
     );

@@ -25,13 +25,29 @@ pub struct Checked {
 }
 
 /// `#[machine(id = "…")]`: stored with every first result, so it must fit the results
-/// table's key and stay readable in it.
+/// table's `machine` column ([`idem_sql::limits::MACHINE_ID`] bytes, on every backend) and
+/// stay readable in it. Checked here, so that no handler of the machine can fail on it
+/// after its body ran (or, on MySQL outside strict mode, be truncated into another
+/// machine's id).
 fn machine_id(cx: &mut Ctxt, lit: &LitStr) -> Option<String> {
+    const MAX: usize = idem_sql::limits::MACHINE_ID;
     let id = lit.value();
-    if id.is_empty() || id.len() > 255 || id.chars().any(char::is_control) {
+    if id.len() > MAX {
         cx.error_spanned_by(
             lit,
-            "`id` must be 1 to 255 bytes without control characters, e.g. `id = \"orders\"`; it scopes the machine's stored results, so keep it stable",
+            format!(
+                "`id` is {} bytes long; the results table's `machine` column holds at most {MAX} bytes: use a shorter id, e.g. `id = \"orders\"` (it scopes the machine's stored results, so keep it stable)",
+                id.len()
+            ),
+        );
+        return None;
+    }
+    if id.is_empty() || id.chars().any(char::is_control) {
+        cx.error_spanned_by(
+            lit,
+            format!(
+                "`id` must be 1 to {MAX} bytes without control characters, e.g. `id = \"orders\"`; it scopes the machine's stored results, so keep it stable"
+            ),
         );
         return None;
     }

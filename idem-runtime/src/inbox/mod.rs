@@ -756,8 +756,10 @@ pub(crate) fn fingerprint(payload: &[u8]) -> String {
 }
 
 /// Creates idem's tables (the default results table and the inbox) if they do not
-/// exist: [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or [`MYSQL_MIGRATION`], statement
-/// by statement.
+/// exist, and brings tables of older migrations up to date (PostgreSQL: the inbox's status
+/// without its CHECK; MySQL: key columns compared byte for byte, `VARBINARY`, which
+/// rewrites each table once): [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or
+/// [`MYSQL_MIGRATION`], statement by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let (mut tx, _writer) = begin_write(pool).await?;
     for statement in sql::statements(sql::migration(DB::dialect(&tx)?)) {

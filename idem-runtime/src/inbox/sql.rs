@@ -11,9 +11,15 @@ pub const POSTGRES_MIGRATION: &str = concat!(
 );
 /// The schema, as a sqlx migration for SQLite: the results table and the inbox.
 pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
-/// The schema, as a sqlx migration for MySQL and MariaDB: the results table and the inbox
-/// (its index declared with it).
-pub const MYSQL_MIGRATION: &str = include_str!("../../migrations/mysql/0001_idem.sql");
+/// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
+/// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
+/// their key columns `VARBINARY`, compared byte for byte, trailing spaces included), in one
+/// text.
+pub const MYSQL_MIGRATION: &str = concat!(
+    include_str!("../../migrations/mysql/0001_idem.sql"),
+    "\n",
+    include_str!("../../migrations/mysql/0002_idem_exact_keys.sql"),
+);
 
 /// The schema of `dialect`, as its migrations in order in one text.
 pub fn migration(dialect: crate::backend::Dialect) -> &'static str {
@@ -43,7 +49,7 @@ mod tests {
         for (migration, count) in [
             (POSTGRES_MIGRATION, 4),
             (SQLITE_MIGRATION, 3),
-            (MYSQL_MIGRATION, 2),
+            (MYSQL_MIGRATION, 4),
         ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");
@@ -60,5 +66,8 @@ mod tests {
         }
         let last = statements(POSTGRES_MIGRATION).last().unwrap();
         assert!(last.contains("DROP CONSTRAINT IF EXISTS idem_inbox_status_check"));
+        let mysql: Vec<&str> = statements(MYSQL_MIGRATION).collect();
+        assert!(mysql[2].contains("ALTER TABLE idem_results"));
+        assert!(mysql[3].starts_with("ALTER TABLE idem_inbox"));
     }
 }
