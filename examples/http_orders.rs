@@ -250,7 +250,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let tokens = FormTokens::new(
         b"example secret: read it from your configuration",
         Duration::from_secs(3600),
-    );
+    )?;
     // A form token is the server's own unguessable key, so one scope for all is safe here.
     let forms = IdempotencyLayer::new(pool.clone(), Inbox::new("orders-forms")?)
         .unscoped()

@@ -41,6 +41,37 @@ fn is_problem(reply: &Reply, status: u16) -> bool {
     reply.status == status && reply.header("content-type") == Some("application/problem+json")
 }
 
+#[tokio::test]
+async fn form_tokens_outliving_the_retention_are_refused_when_the_layer_is_built() {
+    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    let hours = |n: u64| Duration::from_secs(n * 3600);
+    let tokens = FormTokens::new([7u8; 32], hours(48)).unwrap();
+    let layer = || IdempotencyLayer::new(pool.clone(), Inbox::new("forms").unwrap()).unscoped();
+    let refused = |build: &dyn Fn()| {
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build)).unwrap_err();
+        let message = panicked
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            message.contains("longer than the layer's retention"),
+            "{message}"
+        );
+    };
+    // The default retention is 24 h; either order of the two settings is refused.
+    refused(&|| drop(layer().form_tokens(tokens.clone())));
+    refused(&|| {
+        drop(
+            layer()
+                .retention(hours(72))
+                .form_tokens(tokens.clone())
+                .retention(hours(24)),
+        )
+    });
+    drop(layer().retention(hours(48)).form_tokens(tokens.clone()));
+    assert!(FormTokens::new(b"short", hours(1)).is_err());
+}
+
 macro_rules! http_tests {
     ($module:ident, $db:ty, $pool:ty, $setup:expr) => {
         http_tests!($module, $db, $pool, $setup, positional = false);
@@ -244,6 +275,7 @@ macro_rules! http_tests {
                 let small = IdempotencyLayer::new(pool.clone(), inbox.clone()).unscoped().max_request_body(64);
                 let optional = IdempotencyLayer::new(pool.clone(), inbox).unscoped().required(false);
                 let tokens = FormTokens::new(b"the form secret of this test....", Duration::from_secs(3600))
+                    .unwrap()
                     .clock(clock.clone());
                 let leased = IdempotencyLayer::new(
                     pool.clone(),
@@ -294,6 +326,14 @@ macro_rules! http_tests {
                     .route("/fail", route_post(fail).layer(layer.clone()))
                     .route("/validated", route_post(validated).layer(layer.clone()))
                     .route("/orders/{id}/pay", route_post(pay).layer(layer.clone()))
+                    .route(
+                        "/bounded",
+                        route_post(create).layer(
+                            IdempotencyLayer::new(pool.clone(), inbox_of(&clock))
+                                .principal(tenant)
+                                .max_wait(Duration::from_millis(300)),
+                        ),
+                    )
                     .route("/charge", route_post(charge).layer(leased))
                     .route(
                         "/charge-long",
@@ -527,7 +567,9 @@ macro_rules! http_tests {
             async fn forged_expired_and_missing_form_tokens_are_refused() {
                 let Some(s) = start().await else { return };
                 let token = s.tokens.issue();
-                let forged = FormTokens::new(b"not the secret", Duration::from_secs(3600)).issue();
+                let forged = FormTokens::new(b"not the secret, but just as long", Duration::from_secs(3600))
+                    .unwrap()
+                    .issue();
                 for form in [
                     format!("amount=5&idem_token={forged}"),
                     "amount=5&idem_token=hello".to_owned(),
@@ -660,6 +702,40 @@ macro_rules! http_tests {
                 assert_eq!((again.status, again.replayed()), (201, true), "{again:?}");
                 assert_eq!(again.body, "charged 1");
                 assert_eq!(s.executions(), 1);
+            }
+
+            #[tokio::test]
+            async fn a_hung_handler_keeps_other_keys_waiting_no_longer_than_max_wait() {
+                let Some(s) = start().await else { return };
+                let addr = s.addr;
+                let hung = tokio::spawn(async move { post(addr, "/slow", "k-hung", "{}").await });
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                // The hung handler's transaction is open. On SQLite it holds the one writer:
+                // another key waits at most `max_wait` (300 ms) for it, then a 503 with
+                // `Retry-After`, and nothing ran; PostgreSQL and MySQL let it through.
+                let other = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    post(s.addr, "/bounded", "k-other", "{\"amount\":1}"),
+                )
+                .await
+                .expect("the wait for the writer is bounded");
+                let sqlite = std::any::TypeId::of::<$db>() == std::any::TypeId::of::<sqlx::Sqlite>();
+                if sqlite {
+                    assert!(is_problem(&other, 503), "{other:?}");
+                    assert_eq!(other.header("retry-after"), Some("1"));
+                    assert_eq!(s.executions(), 1, "the refused request ran nothing");
+                } else {
+                    assert_eq!((other.status, other.replayed()), (201, false), "{other:?}");
+                }
+                s.app.gate.add_permits(1);
+                assert_eq!(hung.await.unwrap().status, 200);
+                // The refused request recorded nothing: its retry runs, once.
+                let again = post(s.addr, "/bounded", "k-other", "{\"amount\":1}").await;
+                assert_eq!(again.status, 201, "{again:?}");
+                assert_eq!(again.replayed(), !sqlite);
+                assert_eq!(s.effects().await, 2);
             }
 
             #[tokio::test]

@@ -596,3 +596,46 @@ impl<T> Done<T> for Claimed<T> {
         }
     }
 }
+
+/// MySQL's lock timeout is the session's, with no transaction-local setting: idem sets it for
+/// its own statements and puts back the session's own value, not the global default.
+#[tokio::test]
+async fn mysql_the_sessions_own_lock_wait_timeout_is_put_back() {
+    let Some(pool) = common::mysql_with(
+        &format!("inbox_lwt_{}", common::next_id()),
+        1,
+        "SET SESSION innodb_lock_wait_timeout = 7",
+    )
+    .await
+    else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let inbox = Inbox::new("billing")
+        .unwrap()
+        .lock_timeout(Duration::from_millis(200));
+    let k = key("order:1:paid");
+    let Received::New(receipt) = inbox.receive::<_, ()>(&pool, &k, b"m").await.unwrap() else {
+        panic!("first delivery")
+    };
+    assert_eq!(
+        receipt.finish(Ok::<(), ()>(())).await.unwrap(),
+        Delivery::Processed(())
+    );
+    let again = inbox.receive::<_, ()>(&pool, &k, b"m").await.unwrap();
+    assert!(
+        matches!(again, Received::Done(Delivery::Duplicate { .. })),
+        "{again:?}"
+    );
+    let claimed = inbox
+        .claim::<_, ()>(&pool, &key("order:2:paid"), b"m")
+        .await
+        .unwrap();
+    assert!(matches!(claimed, Claimed::Work(_)), "{claimed:?}");
+    let session: i64 =
+        sqlx::query_scalar("SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(session, 7, "the session's own lock wait timeout is back");
+}

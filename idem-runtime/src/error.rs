@@ -23,6 +23,13 @@ pub enum Error<E> {
         /// The last conflict.
         last: sqlx::Error,
     },
+    /// The database stayed busy for all of `waited`: the writer's turn (SQLite, whose one
+    /// writer every key shares) did not come. Nothing ran; a later retry may succeed (the
+    /// HTTP layer answers 503 with `Retry-After`).
+    Busy {
+        /// How long the call waited.
+        waited: std::time::Duration,
+    },
     /// The key is not acceptable (empty, too long, control characters).
     InvalidKey(KeyError),
     /// A parameter's value cannot be bound to the column `set(…)` sets it to (an integer
@@ -118,7 +125,7 @@ impl<E> Error<E> {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => crate::backend::is_transient(e),
-            Error::Contention { .. } => true,
+            Error::Contention { .. } | Error::Busy { .. } => true,
             _ => false,
         }
     }
@@ -156,6 +163,7 @@ impl<E> Error<E> {
             Error::Handler(e) => Error::Handler(f(e)),
             Error::Database(e) => Error::Database(e),
             Error::Contention { attempts, last } => Error::Contention { attempts, last },
+            Error::Busy { waited } => Error::Busy { waited },
             Error::InvalidKey(e) => Error::InvalidKey(e),
             Error::InvalidColumn { column, problem } => Error::InvalidColumn { column, problem },
             Error::InvalidWatermark { value } => Error::InvalidWatermark { value },
@@ -202,6 +210,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
             Error::Contention { attempts, last } => write!(
                 f,
                 "gave up after {attempts} attempts lost to concurrent transactions; nothing was applied (last: {last})"
+            ),
+            Error::Busy { waited } => write!(
+                f,
+                "the database stayed busy for {waited:?} (its writer's turn did not come); nothing ran"
             ),
             Error::InvalidKey(e) => write!(f, "invalid key: {e}"),
             Error::InvalidColumn { column, problem } => write!(
@@ -265,6 +277,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::InvalidColumn { problem, .. } => Some(problem),
             Error::Result(e) => Some(e),
             Error::CorruptRow { .. }
+            | Error::Busy { .. }
             | Error::InvalidWatermark { .. }
             | Error::LeaseLost { .. }
             | Error::CorruptRecord { .. }

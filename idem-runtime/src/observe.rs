@@ -149,6 +149,7 @@ fn error_type<E>(error: &Error<E>) -> &'static str {
         Error::Handler(_) => "handler",
         Error::Database(_) => "database",
         Error::Contention { .. } => "contention",
+        Error::Busy { .. } => "busy",
         Error::InvalidKey(_) => "invalid_key",
         Error::InvalidColumn { .. } => "invalid_column",
         Error::InvalidWatermark { .. } => "invalid_watermark",

@@ -61,8 +61,8 @@ pub struct Staged {
     pub(crate) recorded: Option<Recorded>,
 }
 
-/// Makes the reply of a call that gave up waiting for the writer's turn.
-pub type GaveUp<P, R> = fn(&P) -> R;
+/// Makes the reply of a call that gave up waiting for the writer's turn (or its error).
+pub type GaveUp<P, R> = fn(&P) -> Result<R, Error<Infallible>>;
 
 /// Where a plan's stages run, as far as what the transaction has already read goes.
 #[doc(hidden)]
@@ -353,8 +353,10 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
             Ok(None) => {
                 let gave_up = patience.map(|(_, gave_up)| gave_up);
                 let reply = gave_up.expect("only a plan with patience runs out of it")(plan);
-                plan.settled(&reply);
-                return (Begun::Done(Ok(reply)), backoff.attempts());
+                if let Ok(reply) = &reply {
+                    plan.settled(reply);
+                }
+                return (Begun::Done(reply), backoff.attempts());
             }
             Err(e) => Err(Error::from(e)),
         };

@@ -261,9 +261,11 @@ impl Dialect {
             // SET takes no parameters; the value is an integer.
             Dialect::Postgres => Some(format!("SET LOCAL lock_timeout = '{}ms'", millis.max(1))),
             // InnoDB counts whole seconds, and has no transaction-local setting: the
-            // session's is put back by `reset_lock_timeout`.
+            // session's own value is kept in a user variable and put back by
+            // `reset_lock_timeout`.
             Dialect::MySql => Some(format!(
-                "SET SESSION innodb_lock_wait_timeout = {}",
+                "SET @idem_lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout, \
+                 SESSION innodb_lock_wait_timeout = {}",
                 (millis.max(1) + 999) / 1000
             )),
             Dialect::Sqlite => None,
@@ -278,11 +280,14 @@ impl Dialect {
     }
 
     /// The statement that puts the lock timeout back to the session's own, after
-    /// [`set_lock_timeout`](Self::set_lock_timeout).
+    /// [`set_lock_timeout`](Self::set_lock_timeout) (on MySQL the session's value before it,
+    /// not the global default).
     pub fn reset_lock_timeout(self) -> Option<&'static str> {
         match self {
             Dialect::Postgres => Some("SET LOCAL lock_timeout = DEFAULT"),
-            Dialect::MySql => Some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
+            Dialect::MySql => {
+                Some("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait_timeout")
+            }
             Dialect::Sqlite => None,
         }
     }
@@ -322,13 +327,18 @@ mod tests {
         assert!(!my.inbox_insert(true).1);
         assert!(my.refuses_taken_keys() && !Dialect::Postgres.refuses_taken_keys());
         // whole seconds, rounded up
-        assert_eq!(
-            my.set_lock_timeout(1500).as_deref(),
-            Some("SET SESSION innodb_lock_wait_timeout = 2")
+        let set = my.set_lock_timeout(1500).unwrap();
+        assert!(
+            set.starts_with("SET @idem_lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout")
         );
-        assert_eq!(
-            my.set_lock_timeout(0).as_deref(),
-            Some("SET SESSION innodb_lock_wait_timeout = 1")
+        assert!(
+            set.ends_with("SESSION innodb_lock_wait_timeout = 2"),
+            "{set}"
+        );
+        assert!(
+            my.set_lock_timeout(0)
+                .unwrap()
+                .ends_with("innodb_lock_wait_timeout = 1")
         );
         assert!(my.inbox_purge().contains("ORDER BY updated_at LIMIT $3"));
     }

@@ -28,25 +28,27 @@ impl InFlight {
             let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
             map.entry(key.to_owned()).or_default().clone()
         };
-        let held = match turn.clone().try_lock_owned() {
+        // Forgets the key if nobody else uses it once this call ends, however it ends: with
+        // the key held (a `Flight` keeps it), refused, or cancelled while waiting (the
+        // request dropped by its client), which must leave no entry behind.
+        let waiting = Waiting {
+            flights: self,
+            key,
+            turn: Some(turn),
+        };
+        let turn = || waiting.turn.clone().unwrap_or_default();
+        let held = match turn().try_lock_owned() {
             Ok(held) => Some(held),
             Err(_) if wait.is_zero() => None,
-            Err(_) => tokio::time::timeout(wait, turn.clone().lock_owned())
-                .await
-                .ok(),
+            Err(_) => tokio::time::timeout(wait, turn().lock_owned()).await.ok(),
         };
-        drop(turn);
-        match held {
-            Some(held) => Some(Flight {
-                flights: self.clone(),
-                key: key.to_owned(),
-                turn: Some(held),
-            }),
-            None => {
-                self.forget_if_unused(key);
-                None
-            }
-        }
+        let flight = held.map(|held| Flight {
+            flights: self.clone(),
+            key: key.to_owned(),
+            turn: Some(held),
+        });
+        drop(waiting);
+        flight
     }
 
     fn forget_if_unused(&self, key: &str) {
@@ -62,6 +64,20 @@ impl InFlight {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.0.lock().unwrap().len()
+    }
+}
+
+/// A call of [`InFlight::enter`] under way (see there).
+struct Waiting<'a> {
+    flights: &'a InFlight,
+    key: &'a str,
+    turn: Option<Turn>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        drop(self.turn.take());
+        self.flights.forget_if_unused(self.key);
     }
 }
 
@@ -102,5 +118,22 @@ mod tests {
             "the waiter gets the key once it is released"
         );
         assert_eq!(flights.len(), 0, "released keys are forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_cancelled_mid_wait_leaves_no_entry() {
+        let flights = Arc::new(InFlight::default());
+        let first = flights.enter("k", Duration::ZERO).await.unwrap();
+        let waiter = {
+            let flights = flights.clone();
+            tokio::spawn(async move { flights.enter("k", Duration::from_secs(5)).await.is_some() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The first ends while the waiter still waits (so the entry stays for it), and the
+        // waiter is cancelled before it runs again, as a request whose client went away.
+        drop(first);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(flights.len(), 0, "a cancelled waiter's key is forgotten");
     }
 }

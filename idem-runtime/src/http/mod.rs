@@ -58,7 +58,10 @@
 //!      a second execution; or, with [`IdempotencyLayer::wait`], a repeat arriving at the same
 //!      process waits for the first (bounded) and gets its response. From another process,
 //!      on PostgreSQL the repeat gets the 409 at once; on SQLite it waits for the database's
-//!      writer, then replays.
+//!      writer, then replays; on MySQL it waits for the first's record, then replays.
+//!    - No request waits for the database longer than [`IdempotencyLayer::max_wait`] (10 s
+//!      by default): a writer busy past it (SQLite) is a **503** with `Retry-After`, nothing
+//!      ran; a record of the same key still held past it (MySQL) is the 409.
 //! 4. **The handler** runs with the transaction as its [`Tx`] extractor.
 //! 5. **The response** is stored in the record and committed with the handler's writes,
 //!    then sent: a crash before the commit leaves nothing (the retry runs again), after it
@@ -99,7 +102,7 @@ pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
 pub use scope::{KeyScope, PerPrincipal, ScopeUnset, Shared};
 pub use service::IdempotencyService;
-pub use token::{FormTokens, TokenProblem};
+pub use token::{FormTokens, MIN_SECRET_LEN, TokenProblem, WeakSecret};
 
 use crate::backend::Backend;
 use crate::inbox::Inbox;
@@ -116,6 +119,10 @@ use std::time::Duration;
 /// How long records are kept by default: 24 hours.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long a request waits for the database by default before a 503: 10 seconds
+/// ([`IdempotencyLayer::max_wait`]).
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
 /// The principal of a request, or the response refusing it (boxed: it is the rare path).
 type Principal = dyn Fn(&Parts) -> Result<String, Box<Response<Body>>> + Send + Sync;
 
@@ -131,6 +138,7 @@ pub(crate) struct Config<DB: Backend> {
     max_stored_body: usize,
     store_if: fn(StatusCode) -> bool,
     wait: Duration,
+    max_wait: Duration,
     retention: Duration,
     /// The leased mode ([`IdempotencyLayer::leased`]).
     leased: bool,
@@ -172,6 +180,7 @@ impl<DB: Backend> IdempotencyLayer<DB, ScopeUnset> {
                 max_stored_body: 256 * 1024,
                 store_if: |status| !status.is_server_error(),
                 wait: Duration::ZERO,
+                max_wait: DEFAULT_MAX_WAIT,
                 retention: DEFAULT_RETENTION,
                 leased: false,
                 tokens: None,
@@ -268,6 +277,17 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
         self
     }
 
+    /// How long a request (its body already read) waits for the database before its key is
+    /// recorded (by default [`DEFAULT_MAX_WAIT`], 10 s): on SQLite for the writer's turn,
+    /// which every key shares, so a hung handler cannot queue every request of the process
+    /// behind it — when it runs out the answer is **503** with `Retry-After`, and nothing ran;
+    /// on MySQL for a first request of the same key still holding its record — then a
+    /// **409**, as on PostgreSQL at once.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.config.max_wait = wait;
+        self
+    }
+
     /// The leased mode, for handlers that call something outside the database (a payment
     /// API): the key is claimed as PROCESSING with a lease of `lease` in a short transaction
     /// of its own, the handler runs (it has no [`Tx`]; it writes through the pool, and passes
@@ -294,14 +314,30 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// the request's key, so the submit is consumed by the record's insert: a double submit
     /// runs once and the second gets the first response (with [`wait`](Self::wait), also
     /// when it arrives while the first still runs, as a double click does).
+    ///
+    /// # Panics
+    ///
+    /// If the tokens live longer than the layer's [`retention`](Self::retention): a token
+    /// must expire before its record can be purged, or a resubmit after the purge would run
+    /// again. Shorten the tokens' ttl or lengthen the retention (set before or after; the
+    /// second of the two calls refuses it, when the layer is built).
     pub fn form_tokens(mut self, tokens: FormTokens) -> Self {
+        Config::<DB>::refuse_outliving(&tokens, self.config.retention);
         self.config.tokens = Some(tokens);
         self
     }
 
     /// How long records are kept (by default 24 hours), for
     /// [`spawn_sweeper`](Self::spawn_sweeper) and [`purge`](Self::purge).
+    ///
+    /// # Panics
+    ///
+    /// If the layer's [`form_tokens`](Self::form_tokens) live longer than `retention` (see
+    /// there).
     pub fn retention(mut self, retention: Duration) -> Self {
+        if let Some(tokens) = &self.config.tokens {
+            Config::<DB>::refuse_outliving(tokens, retention);
+        }
         self.config.retention = retention;
         self
     }
@@ -321,11 +357,11 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     }
 
     /// Runs [`purge`](Self::purge) every `every` on a background task, in batches of 1,000.
-    /// Fails, starting nothing, outside a Tokio runtime.
+    /// Fails, starting nothing, outside a Tokio runtime or with a zero `every`.
     pub fn spawn_sweeper(
         &self,
         every: Duration,
-    ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {
+    ) -> Result<tokio::task::JoinHandle<()>, crate::inbox::SweeperError> {
         self.config.inbox.spawn_sweeper(
             self.config.pool.clone(),
             self.config.retention,
@@ -344,6 +380,18 @@ impl<DB: Backend, Scope> Clone for IdempotencyLayer<DB, Scope> {
     }
 }
 
+impl<DB: Backend> Config<DB> {
+    /// Refuses form tokens that outlive the records of their keys.
+    fn refuse_outliving(tokens: &FormTokens, retention: Duration) {
+        assert!(
+            tokens.ttl() <= retention,
+            "idem: the form tokens live {:?}, longer than the layer's retention of {:?}: a resubmit after its record is purged would run again; shorten the tokens' ttl or lengthen `.retention(…)`",
+            tokens.ttl(),
+            retention
+        );
+    }
+}
+
 impl<DB: Backend> Clone for Config<DB> {
     fn clone(&self) -> Self {
         Config {
@@ -357,6 +405,7 @@ impl<DB: Backend> Clone for Config<DB> {
             max_stored_body: self.max_stored_body,
             store_if: self.store_if,
             wait: self.wait,
+            max_wait: self.max_wait,
             retention: self.retention,
             leased: self.leased,
             tokens: self.tokens.clone(),

@@ -158,10 +158,12 @@ where
     let Some(flight) = config.in_flight.enter(&record, config.wait).await else {
         return Ok(in_progress(None));
     };
-    // Waiting for the writer's turn (SQLite) is waiting for other keys: no limit. On
-    // PostgreSQL a first request of this key still running in another process makes this
-    // one in progress at once (a 409), without waiting for it.
-    let stage = InboxStage::fingerprinted(&config.inbox, &message, fingerprint).unblocked();
+    // Waiting for the writer's turn (SQLite) is waiting for other keys: bounded by the
+    // layer's `max_wait`, then a 503. On PostgreSQL a first request of this key still
+    // running in another process makes this one in progress at once (a 409), without
+    // waiting for it; on MySQL after waiting for it at most `max_wait`.
+    let stage =
+        InboxStage::fingerprinted(&config.inbox, &message, fingerprint).unblocked(config.max_wait);
     let plan = InboxPlan::new(stage, codec::<Result<StoredResponse, Infallible>>());
     run(config, inner, request, &plan, Some(flight)).await
 }
@@ -239,10 +241,16 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (body, bytes) = if kept_length(parts, &body, config.max_stored_body) {
-        match body.collect().await {
+        // Read through the limit even so: a size hint is only a hint.
+        match Limited::new(body, config.max_stored_body).collect().await {
             Ok(collected) => {
                 let bytes = collected.to_bytes();
                 (Body::from(bytes.clone()), Some(bytes))
+            }
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(server_error(
+                    "the handler's response body was longer than its size hint said; nothing was kept",
+                ));
             }
             Err(_) => {
                 return Err(server_error(
@@ -439,9 +447,7 @@ fn delivered(
     match done {
             Ok(Delivery::Duplicate {
                 first_result: Some(stored),
-            }) => stored.replay().unwrap_or_else(|| {
-                server_error("the stored response of this key is damaged")
-            }),
+            }) => stored.replay().unwrap_or_else(damaged),
             Ok(Delivery::Conflict) => Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Idempotency-Key reused",
@@ -458,8 +464,21 @@ fn delivered(
                 server_error("the record of this key holds no response")
             }
             Ok(Delivery::Refused(never)) => match never {},
+            // The record's response no longer decodes: the request ran before.
+            Err(Error::Result(e)) => {
+                tracing::error!(error = %e, "idem: a stored response does not decode");
+                damaged()
+            }
             Err(e) => database_error(&e),
         }
+}
+
+/// A 500 for a key whose stored response cannot be replayed (its record is damaged): the
+/// request ran before, so this is not "nothing ran, retry".
+fn damaged() -> Response<Body> {
+    server_error(
+        "the stored response of this key is damaged and cannot be replayed; the request ran before, so do not retry it under a new key without checking its effect",
+    )
 }
 
 /// The plan of a request without a key on a route where it is optional: no stage, only

@@ -6,27 +6,34 @@
 //! before anything runs.
 //!
 //! Tokens are stateless (nothing is stored when one is issued): `v1.<expiry>.<nonce>.<mac>`,
-//! the expiry in milliseconds since the epoch, a 128-bit nonce, and the HMAC-SHA256 of both
-//! under your secret.
+//! the expiry in milliseconds since the epoch, a 128-bit nonce from the operating system's
+//! random generator, and the HMAC-SHA256 of both under your secret (RustCrypto's `hmac`),
+//! in lowercase hex. A token is one exact string: the same token with its MAC in uppercase
+//! is refused as forged, since it would be another idempotency key for the same form.
 
 use crate::hex::hex;
 use crate::inbox::{Clock, SystemClock};
-use sha2::{Digest, Sha256};
-use std::hash::{BuildHasher, Hasher};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// The shortest secret [`FormTokens::new`] accepts: 32 bytes (HMAC-SHA256's output).
+pub const MIN_SECRET_LEN: usize = 32;
 
 /// Issues and checks one-time form tokens; give it to
 /// [`IdempotencyLayer::form_tokens`](super::IdempotencyLayer::form_tokens).
 ///
 /// ```
 /// use std::time::Duration;
-/// let tokens = idem::http::FormTokens::new(b"a secret of 32 bytes or more.....", Duration::from_secs(3600));
+/// # fn main() -> Result<(), idem::http::WeakSecret> {
+/// let secret = b"read 32 random bytes or more from your configuration";
+/// let tokens = idem::http::FormTokens::new(secret, Duration::from_secs(3600))?;
 /// let token = tokens.issue();
 /// // <input type="hidden" name="idem_token" value="{token}">
 /// assert!(token.starts_with("v1."));
 /// assert!(tokens.check(&token).is_ok());
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct FormTokens {
@@ -71,18 +78,48 @@ impl core::fmt::Display for TokenProblem {
 
 impl std::error::Error for TokenProblem {}
 
+/// A form-token secret shorter than [`MIN_SECRET_LEN`] bytes, refused by
+/// [`FormTokens::new`]: anyone who guesses it forges tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeakSecret {
+    /// The secret's length, in bytes.
+    pub len: usize,
+}
+
+impl core::fmt::Display for WeakSecret {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "a form-token secret must be at least {MIN_SECRET_LEN} bytes, this one is {}: use {MIN_SECRET_LEN} random bytes or more, the same on every instance",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for WeakSecret {}
+
 impl FormTokens {
-    /// Tokens signed with `secret` (keep it secret and the same on every instance; 32
-    /// random bytes or more), valid for `ttl` after they are issued. Keep `ttl` within the
-    /// layer's retention, so that a token is refused as expired before its record could be
-    /// purged and the form run again.
-    pub fn new(secret: impl AsRef<[u8]>, ttl: Duration) -> Self {
-        FormTokens {
-            secret: Arc::from(secret.as_ref()),
+    /// Tokens signed with `secret` (keep it secret and the same on every instance), valid
+    /// for `ttl` after they are issued. A secret shorter than [`MIN_SECRET_LEN`] (32 bytes)
+    /// is refused. The layer refuses a `ttl` longer than its retention
+    /// ([`IdempotencyLayer::form_tokens`](super::IdempotencyLayer::form_tokens)): a token
+    /// must expire before its record can be purged, or a resubmit would run again.
+    pub fn new(secret: impl AsRef<[u8]>, ttl: Duration) -> Result<Self, WeakSecret> {
+        let secret = secret.as_ref();
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(WeakSecret { len: secret.len() });
+        }
+        Ok(FormTokens {
+            secret: Arc::from(secret),
             ttl,
             field: "idem_token".to_owned(),
             clock: Arc::new(SystemClock),
-        }
+        })
+    }
+
+    /// How long a token is valid after it is issued.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// The form field that carries the token (by default `idem_token`), in an
@@ -111,7 +148,7 @@ impl FormTokens {
             .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX));
         let nonce = nonce();
         let body = format!("v1.{expiry}.{nonce}");
-        let mac = hex(&hmac(&self.secret, body.as_bytes()));
+        let mac = hex(&mac_of(&self.secret, body.as_bytes()));
         format!("{body}.{mac}")
     }
 
@@ -128,7 +165,7 @@ impl FormTokens {
         if nonce.len() != 32 || mac.len() != 64 {
             return Err(TokenProblem::Malformed);
         }
-        let expected = hex(&hmac(&self.secret, body.as_bytes()));
+        let expected = hex(&mac_of(&self.secret, body.as_bytes()));
         if !constant_time_eq(expected.as_bytes(), mac.as_bytes()) {
             return Err(TokenProblem::Forged);
         }
@@ -139,39 +176,21 @@ impl FormTokens {
     }
 }
 
-/// 128 bits, unique in the process (a counter) and unpredictable across processes
-/// (hashed with the standard library's randomly keyed hasher).
+/// 128 bits from the operating system's random generator, hex.
 fn nonce() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hash = Sha256::new();
-    for _ in 0..2 {
-        let mut keyed = std::collections::hash_map::RandomState::new().build_hasher();
-        keyed.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        hash.update(keyed.finish().to_be_bytes());
-    }
-    hash.update(std::process::id().to_be_bytes());
-    hex(&hash.finalize()[..16])
+    let mut bytes = [0u8; 16];
+    // The generator fails only where the operating system has none (or it is not seeded
+    // yet, at early boot): no token can be issued safely then.
+    getrandom::fill(&mut bytes).expect("the operating system's random generator failed");
+    hex(&bytes)
 }
 
-/// HMAC-SHA256 (RFC 2104).
-fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+/// HMAC-SHA256 (RFC 2104), RustCrypto's.
+fn mac_of(key: &[u8], message: &[u8]) -> [u8; 32] {
+    // HMAC takes a key of any length.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -215,30 +234,73 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231() {
         // Test case 2 of RFC 4231.
-        let mac = hmac(b"Jefe", b"what do ya want for nothing?");
+        let mac = mac_of(b"Jefe", b"what do ya want for nothing?");
         assert_eq!(
             hex(&mac),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }
 
+    const SECRET: &[u8] = b"a secret of thirty-two bytes, no less";
+
+    #[test]
+    fn a_secret_shorter_than_32_bytes_is_refused() {
+        let refused = FormTokens::new(b"secret", Duration::from_secs(60)).unwrap_err();
+        assert_eq!(refused, WeakSecret { len: 6 });
+        assert!(refused.to_string().contains("at least 32 bytes"));
+        assert!(FormTokens::new([7u8; 31], Duration::from_secs(60)).is_err());
+        assert!(FormTokens::new([7u8; 32], Duration::from_secs(60)).is_ok());
+    }
+
     #[test]
     fn tokens_are_unique_signed_and_expire() {
         let clock = ManualClock::new(1_000_000);
-        let tokens = FormTokens::new(b"secret", Duration::from_secs(60)).clock(clock.clone());
+        let tokens = FormTokens::new(SECRET, Duration::from_secs(60))
+            .unwrap()
+            .clock(clock.clone());
         let (a, b) = (tokens.issue(), tokens.issue());
         assert_ne!(a, b);
         assert!(a.len() <= 255);
         assert_eq!(tokens.check(&a), Ok(()));
-        let other =
-            FormTokens::new(b"another secret", Duration::from_secs(60)).clock(clock.clone());
+        let other = FormTokens::new(
+            b"another secret of thirty-two bytes",
+            Duration::from_secs(60),
+        )
+        .unwrap()
+        .clock(clock.clone());
         assert_eq!(other.check(&a), Err(TokenProblem::Forged));
         let altered = a.replacen("v1.1060000", "v1.9060000", 1);
         assert_eq!(tokens.check(&altered), Err(TokenProblem::Forged));
         assert_eq!(tokens.check("hello"), Err(TokenProblem::Malformed));
         assert_eq!(tokens.check("v1.x.y.z"), Err(TokenProblem::Malformed));
-        clock.advance(Duration::from_secs(60));
+        // Valid until the last millisecond before its expiry, expired at it.
+        clock.advance(Duration::from_millis(59_999));
+        assert_eq!(tokens.check(&a), Ok(()));
+        clock.advance(Duration::from_millis(1));
         assert_eq!(tokens.check(&a), Err(TokenProblem::Expired));
+    }
+
+    #[test]
+    fn a_token_is_one_exact_string() {
+        let tokens = FormTokens::new(SECRET, Duration::from_secs(60)).unwrap();
+        let token = tokens.issue();
+        let (body, mac) = token.rsplit_once('.').unwrap();
+        assert!(mac.bytes().any(|b| b.is_ascii_lowercase()), "{mac}");
+        // The same MAC in uppercase would be another key for the same form: forged.
+        let upper = format!("{body}.{}", mac.to_ascii_uppercase());
+        assert_eq!(tokens.check(&upper), Err(TokenProblem::Forged));
+        let nonce = body.rsplit('.').next().unwrap();
+        let upper_nonce = token.replacen(nonce, &nonce.to_ascii_uppercase(), 1);
+        if upper_nonce != token {
+            assert_eq!(tokens.check(&upper_nonce), Err(TokenProblem::Forged));
+        }
+    }
+
+    #[test]
+    fn nonces_come_from_the_operating_system() {
+        let nonces: std::collections::HashSet<String> = (0..1000).map(|_| nonce()).collect();
+        assert_eq!(nonces.len(), 1000);
+        assert!(nonces.iter().all(|n| n.len() == 32));
     }
 
     #[test]

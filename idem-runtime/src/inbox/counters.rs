@@ -15,6 +15,7 @@ pub(crate) struct Counters {
     purged: AtomicU64,
     refused: AtomicU64,
     illegal: AtomicU64,
+    sweep_failures: AtomicU64,
 }
 
 /// A reading of an inbox's counters.
@@ -40,6 +41,10 @@ pub struct InboxCounters {
     pub refused: u64,
     /// Of the refused, those in an illegal state: defects to alert on.
     pub illegal: u64,
+    /// Purges of a sweeper ([`Inbox::spawn_sweeper`](super::Inbox::spawn_sweeper)) that
+    /// failed (each logged as a warning, and tried again at the next tick): alert when it
+    /// grows, or the table grows with it.
+    pub sweep_failures: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +58,7 @@ pub(crate) enum Counter {
     Purged,
     Refused,
     Illegal,
+    SweepFailures,
 }
 
 impl Counters {
@@ -69,6 +75,7 @@ impl Counters {
             Counter::Takeovers => Some("lease_takeover"),
             Counter::Dead => Some("dead"),
             Counter::Purged => Some("purged"),
+            Counter::SweepFailures => Some("sweep_failed"),
             _ => None,
         };
         if let Some(event) = event
@@ -86,6 +93,7 @@ impl Counters {
             Counter::Purged => &self.purged,
             Counter::Refused => &self.refused,
             Counter::Illegal => &self.illegal,
+            Counter::SweepFailures => &self.sweep_failures,
         };
         cell.fetch_add(n, Ordering::Relaxed);
     }
@@ -102,6 +110,7 @@ impl Counters {
             purged: get(&self.purged),
             refused: get(&self.refused),
             illegal: get(&self.illegal),
+            sweep_failures: get(&self.sweep_failures),
         }
     }
 }

@@ -50,9 +50,11 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
     }
 
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Claim<T>>)> {
-        let gave_up: GaveUp<Self, Claim<T>> = |plan| Claim {
-            claimed: Claimed::Done(plan.inbox.in_progress(None)),
-            event: None,
+        let gave_up: GaveUp<Self, Claim<T>> = |plan| {
+            Ok(Claim {
+                claimed: Claimed::Done(plan.inbox.in_progress(None)),
+                event: None,
+            })
         };
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))
     }
@@ -196,7 +198,11 @@ impl<T> ClaimPlan<'_, T> {
                         Param::Int(now),
                         Param::Int(attempts),
                     ];
-                    DB::execute(tx, &dialect.inbox().retry, &params).await?;
+                    if DB::execute(tx, &dialect.inbox().retry, &params).await? != 1 {
+                        // Another delivery retried it between the read and the update: it
+                        // holds the message now.
+                        return Ok(Step::InProgress);
+                    }
                     let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
                     Step::Work(lease, takeover.then_some(Counter::Takeovers))
                 }

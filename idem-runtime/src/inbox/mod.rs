@@ -53,7 +53,7 @@ use crate::key::{KeyError, valid_text};
 use crate::stored::bounded;
 use crate::work::{Begun, Work, begin, stages_only};
 use clock::millis;
-use counters::Counters;
+use counters::{Counter, Counters};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -406,6 +406,7 @@ impl Inbox {
         let retention = millis(retention);
         let batch = i64::from(batch.max(1));
         let mut total = 0;
+        let mut busy = 0;
         loop {
             let plan = retention::PurgePlan {
                 inbox: self,
@@ -414,10 +415,16 @@ impl Inbox {
             };
             let Some(deleted) = stages_only(pool, &plan).await? else {
                 // The writer's turn did not come within the lock timeout: live deliveries
-                // go first.
+                // go first, for a bounded number of turns.
+                busy += 1;
+                if busy >= MAX_BUSY_BATCHES {
+                    let waited = self.lock_timeout.unwrap_or_default() * busy;
+                    return Err(Error::Busy { waited });
+                }
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
+            busy = 0;
             total += deleted;
             if deleted < batch as u64 {
                 return Ok(total);
@@ -444,25 +451,36 @@ impl Inbox {
     }
 
     /// Runs [`purge`](Self::purge) every `every` on a background task. A failed purge is
-    /// retried at the next tick; the task ends when the handle is aborted or dropped with
-    /// the runtime.
+    /// logged (a warning), counted ([`InboxCounters::sweep_failures`]) and retried at the
+    /// next tick; the task ends when the handle is aborted or dropped with the runtime.
     ///
-    /// Fails, starting nothing, when called outside a Tokio runtime.
+    /// Fails, starting nothing, when called outside a Tokio runtime or with a zero
+    /// `every` ([`SweeperError`]).
     pub fn spawn_sweeper<DB: Backend>(
         &self,
         pool: Pool<DB>,
         retention: Duration,
         every: Duration,
         batch: u32,
-    ) -> Result<tokio::task::JoinHandle<()>, tokio::runtime::TryCurrentError> {
-        let runtime = tokio::runtime::Handle::try_current()?;
+    ) -> Result<tokio::task::JoinHandle<()>, SweeperError> {
+        if every.is_zero() {
+            return Err(SweeperError::ZeroPeriod);
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(SweeperError::NoRuntime)?;
         let inbox = self.clone();
         Ok(runtime.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let _ = inbox.purge(&pool, retention, batch).await;
+                if let Err(e) = inbox.purge(&pool, retention, batch).await {
+                    inbox.counters.add(Counter::SweepFailures, 1);
+                    tracing::warn!(
+                        group = %inbox.group,
+                        error = %e,
+                        "idem: the inbox's sweeper could not purge; trying again at the next tick"
+                    );
+                }
             }
         }))
     }
@@ -750,6 +768,40 @@ impl Lease {
     }
 }
 
+/// How many batches in a row a purge lets live deliveries go first (each after waiting the
+/// inbox's lock timeout for the writer's turn) before it gives up with [`Error::Busy`].
+const MAX_BUSY_BATCHES: u32 = 100;
+
+/// Why [`Inbox::spawn_sweeper`] started nothing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SweeperError {
+    /// Called outside a Tokio runtime.
+    NoRuntime(tokio::runtime::TryCurrentError),
+    /// A period of zero: a sweeper would purge without pause.
+    ZeroPeriod,
+}
+
+impl fmt::Display for SweeperError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SweeperError::NoRuntime(e) => write!(f, "the sweeper needs a Tokio runtime: {e}"),
+            SweeperError::ZeroPeriod => {
+                f.write_str("the sweeper's period is zero: give it one, every 10 minutes, say")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SweeperError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SweeperError::NoRuntime(e) => Some(e),
+            SweeperError::ZeroPeriod => None,
+        }
+    }
+}
+
 /// The payload's SHA-256, hex: what "the same content" means.
 pub(crate) fn fingerprint(payload: &[u8]) -> String {
     crate::hex::hex(&Sha256::digest(payload))
@@ -816,8 +868,19 @@ mod tests {
         let inbox = Inbox::new("sweeper").unwrap();
         let started = inbox.spawn_sweeper(pool, Duration::from_secs(1), Duration::from_secs(1), 10);
         assert!(
-            started.is_err(),
+            matches!(started, Err(SweeperError::NoRuntime(_))),
             "outside a runtime the sweeper is refused, not a panic"
+        );
+        let inbox = Inbox::new("sweeper").unwrap();
+        let pool = runtime
+            .block_on(sqlx::SqlitePool::connect("sqlite::memory:"))
+            .unwrap();
+        let zero = runtime.block_on(async {
+            inbox.spawn_sweeper(pool, Duration::from_secs(1), Duration::ZERO, 10)
+        });
+        assert!(
+            matches!(zero, Err(SweeperError::ZeroPeriod)),
+            "a zero period is refused, not a panicking task"
         );
     }
 }

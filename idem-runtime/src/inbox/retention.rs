@@ -33,7 +33,7 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
     }
 
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Purged>)> {
-        let gave_up: GaveUp<Self, Purged> = |_| None;
+        let gave_up: GaveUp<Self, Purged> = |_| Ok(None);
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))
     }
 

@@ -28,6 +28,9 @@ pub struct InboxStage {
     /// PostgreSQL: a concurrent delivery of the same key is in progress at once, without
     /// waiting for it (see `idem_sql::inbox::INSERT_UNLESS_BUSY`).
     unblocked: bool,
+    /// Whether running out of `patience` is [`Error::Busy`] (the writer was busy with other
+    /// keys) rather than [`Delivery::InProgress`].
+    busy_is_an_error: bool,
 }
 
 /// A delivery recorded in the open transaction, waiting for the handler's result.
@@ -53,19 +56,31 @@ impl InboxStage {
             patience: inbox.lock_timeout,
             lock_timeout: inbox.lock_timeout,
             unblocked: false,
+            busy_is_an_error: false,
         }
     }
 
-    /// Waits for the SQLite writer's turn without limit (it is shared by every key), and
-    /// on PostgreSQL does not wait for a concurrent delivery of the same key at all: it is
-    /// in progress at once, with no statement spent on lock timeouts.
+    /// Waits at most `wait` for the SQLite writer's turn (it is shared by every key; running
+    /// out is [`Error::Busy`]) and on MySQL for a concurrent delivery of the same key (its
+    /// lock timeout; running out is [`Delivery::InProgress`]), and on PostgreSQL does not
+    /// wait for a concurrent delivery of the same key at all: it is in progress at once,
+    /// with no statement spent on lock timeouts.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn unblocked(self) -> Self {
+    pub(crate) fn unblocked(self, wait: Duration) -> Self {
         InboxStage {
-            patience: None,
-            lock_timeout: None,
+            patience: Some(wait),
+            lock_timeout: Some(self.lock_timeout.map_or(wait, |own| own.min(wait))),
             unblocked: true,
+            busy_is_an_error: true,
             ..self
+        }
+    }
+
+    /// The reply of a delivery whose wait for the writer's turn ran out.
+    fn gave_up<T, R>(&self) -> Result<Delivery<T, R>, Error<Infallible>> {
+        match (self.busy_is_an_error, self.patience) {
+            (true, Some(waited)) => Err(Error::Busy { waited }),
+            _ => Ok(self.inbox.in_progress(None)),
         }
     }
 
@@ -94,8 +109,11 @@ impl InboxStage {
         codec: Codec<T>,
     ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
         let dialect = DB::dialect(conn)?;
+        // An insert that gives way to a busy key at once needs no lock timeout.
+        let waits = !(self.unblocked && dialect.inbox_insert(true).1);
         let lock_timeout = self
             .lock_timeout
+            .filter(|_| waits)
             .and_then(|timeout| dialect.set_lock_timeout(super::clock::millis(timeout)));
         if let Some(set) = &lock_timeout {
             DB::execute(conn, set, &[]).await?;
@@ -181,7 +199,11 @@ impl InboxStage {
                         now,
                         Param::Int(attempts),
                     ];
-                    DB::execute(conn, &dialect.inbox().retry, &params).await?;
+                    if DB::execute(conn, &dialect.inbox().retry, &params).await? != 1 {
+                        // Another delivery retried it between the read and the update:
+                        // it is working on the message.
+                        return Ok(Err(None));
+                    }
                     took_over = takeover;
                 }
                 Found::Ended(ended) => return Ok(Err(Some(ended))),
@@ -239,7 +261,7 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     }
 
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Delivery<T>>)> {
-        let gave_up: GaveUp<Self, Delivery<T>> = |plan| plan.stage.inbox.in_progress(None);
+        let gave_up: GaveUp<Self, Delivery<T>> = |plan| plan.stage.gave_up();
         self.stage.patience().map(|patience| (patience, gave_up))
     }
 
@@ -326,7 +348,7 @@ where
     }
 
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Self::Reply>)> {
-        let gave_up: GaveUp<Self, Self::Reply> = |plan| plan.inbox.inbox.in_progress(None);
+        let gave_up: GaveUp<Self, Self::Reply> = |plan| plan.inbox.gave_up();
         self.inbox.patience().map(|patience| (patience, gave_up))
     }
 
