@@ -739,6 +739,104 @@ macro_rules! http_tests {
             }
 
             #[tokio::test]
+            async fn bodies_over_the_limit_are_413_whatever_their_framing_says() {
+                let Some(s) = start().await else { return };
+                // Content-Length says 10, the body is 2 MiB: the layer reads through its
+                // limit (1 MiB), never trusting the header (a service called directly, with a
+                // body no HTTP server would frame so).
+                let mut service = tower_layer::Layer::layer(&s.layer, axum::routing::any(|| async { "ran" }));
+                let request = axum::http::Request::post("/orders")
+                    .header("idempotency-key", "k-lying")
+                    .header("content-length", "10")
+                    .body(axum::body::Body::from(vec![b'x'; 2 * 1024 * 1024]))
+                    .unwrap();
+                type Request = axum::http::Request<axum::body::Body>;
+                std::future::poll_fn(|cx| {
+                    <_ as tower_service::Service<Request>>::poll_ready(&mut service, cx)
+                })
+                .await
+                .unwrap();
+                let response = tower_service::Service::call(&mut service, request).await.unwrap();
+                assert_eq!(response.status(), 413);
+                // A chunked body over the limit, over TCP (`/small` keeps 64 bytes).
+                let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+                let chunk = "y".repeat(100);
+                let raw = format!(
+                    "POST /small HTTP/1.1\r\nhost: idem\r\nidempotency-key: k-chunked\r\n\
+                     content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+                     64\r\n{chunk}\r\n64\r\n{chunk}\r\n0\r\n\r\n"
+                );
+                tokio::io::AsyncWriteExt::write_all(&mut stream, raw.as_bytes()).await.unwrap();
+                let mut head = [0u8; 12];
+                tokio::io::AsyncReadExt::read_exact(&mut stream, &mut head).await.unwrap();
+                assert_eq!(&head, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&head));
+                assert_eq!(s.executions(), 0, "no handler ran");
+                assert_eq!(s.records().await, 0, "nothing was recorded");
+            }
+
+            #[tokio::test]
+            async fn keys_too_long_after_unescaping_or_huge_headers_are_400_with_no_database_work() {
+                let Some(s) = start().await else { return };
+                // 256 characters once unescaped (each `\"` is one), 382 as sent.
+                let quoted = format!("\"{}{}\"", "\\\"".repeat(126), "k".repeat(130));
+                let long = post(s.addr, "/orders", &quoted, "{}").await;
+                assert!(is_problem(&long, 400), "{long:?}");
+                assert!(long.body.contains("256 characters"), "{}", long.body);
+                // Exactly 255 unescaped characters is a key.
+                let at_limit = format!("\"{}{}\"", "\\\"".repeat(125), "k".repeat(130));
+                assert_eq!(post(s.addr, "/orders", &at_limit, "{}").await.status, 201);
+                let huge = "k".repeat(8 * 1024);
+                let refused = post(s.addr, "/orders", &huge, "{}").await;
+                assert!(is_problem(&refused, 400), "{refused:?}");
+                assert_eq!(s.executions(), 1, "only the key at the limit ran");
+                assert_eq!(s.records().await, 1, "the refused keys wrote nothing");
+            }
+
+            #[tokio::test]
+            async fn a_damaged_stored_response_is_a_500_that_says_so() {
+                let Some(s) = start().await else { return };
+                let first = post(s.addr, "/orders", "k-damaged", "{\"amount\":5}").await;
+                assert_eq!(first.status, 201);
+                let stored: String = sqlx::query_scalar("SELECT result FROM idem_inbox")
+                    .fetch_one(&s.pool)
+                    .await
+                    .unwrap();
+                /// The stored response's object, wherever the record nests it.
+                fn response(value: &mut serde_json::Value) -> &mut serde_json::Map<String, serde_json::Value> {
+                    let nested = value.get("status").is_none();
+                    let serde_json::Value::Object(map) = value else {
+                        panic!("not a stored response: {value}")
+                    };
+                    if nested {
+                        return response(map.values_mut().next().unwrap());
+                    }
+                    map
+                }
+                let damaged_by = |damage: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+                    let mut value: serde_json::Value = serde_json::from_str(&stored).unwrap();
+                    damage(response(&mut value));
+                    value.to_string()
+                };
+                let cases = [
+                    damaged_by(&|r| { r.insert("status".into(), 99.into()); }),
+                    damaged_by(&|r| { r.insert("headers".into(), serde_json::json!([["bad header", "x"]])); }),
+                    damaged_by(&|r| { r.insert("body".into(), serde_json::json!({"base64": "not base64!"})); }),
+                    stored[..stored.len() / 2].to_owned(),
+                ];
+                for damaged in cases {
+                    sqlx::query(common::placed($positional, "UPDATE idem_inbox SET result = $1"))
+                        .bind(&damaged)
+                        .execute(&s.pool)
+                        .await
+                        .unwrap();
+                    let again = post(s.addr, "/orders", "k-damaged", "{\"amount\":5}").await;
+                    assert!(is_problem(&again, 500), "{damaged}: {again:?}");
+                    assert!(again.body.contains("damaged"), "{damaged}: {}", again.body);
+                }
+                assert_eq!(s.executions(), 1, "a damaged record never runs the request again");
+            }
+
+            #[tokio::test]
             async fn an_unscoped_layer_shares_keys_across_principals_as_it_says() {
                 let Some(s) = start().await else { return };
                 // `/small`'s layer is `.unscoped()`: one scope for every caller.
