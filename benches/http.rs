@@ -170,22 +170,19 @@ macro_rules! routes {
                 let digest = hex(&Sha256::digest(key.as_bytes()));
                 let fingerprint = hex(&Sha256::digest(format!("POST\n/by-hand\n{body}").as_bytes()));
                 let mut tx = pool.begin_with($begin).await.unwrap();
+                // idem's own insert, as its dialect spells it (the time is the database's).
                 let insert = if $begin == "BEGIN" {
-                    "INSERT INTO idem_inbox (consumer_group, message_key, fingerprint, status, attempts, \
-                     lease_until, created_at, updated_at) SELECT $1, $2, $3, 'SUCCESS', 1, NULL, $4, $4 \
-                     WHERE pg_try_advisory_xact_lock(hashtextextended($1 || chr(10) || $2, \
-                         CAST(CAST(CAST('idem_inbox' AS regclass) AS oid) AS bigint))) \
-                     ON CONFLICT (consumer_group, message_key) DO NOTHING"
+                    idem_sql::dialect::Dialect::Postgres.inbox_insert(true).0
                 } else {
-                    "INSERT INTO idem_inbox (consumer_group, message_key, fingerprint, status, attempts, \
-                     lease_until, created_at, updated_at) VALUES ($1, $2, $3, 'SUCCESS', 1, NULL, $4, $4) \
-                     ON CONFLICT (consumer_group, message_key) DO NOTHING"
+                    idem_sql::dialect::Dialect::Sqlite.inbox_insert(false).0
                 };
                 let inserted = sqlx::query(insert)
                     .bind("by-hand")
                     .bind(&digest)
                     .bind(&fingerprint)
-                    .bind(now_millis())
+                    .bind("SUCCESS")
+                    .bind(None::<i64>)
+                    .bind(None::<i64>)
                     .execute(&mut *tx)
                     .await
                     .unwrap()
