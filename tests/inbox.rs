@@ -742,3 +742,40 @@ async fn mysql_the_sessions_own_lock_wait_timeout_is_put_back() {
             .unwrap();
     assert_eq!(session, 7, "the session's own lock wait timeout is back");
 }
+
+/// A binary column holding bytes that are not UTF-8 (here the inbox's `result`, made a
+/// `LONGBLOB` by hand) is a decode error naming the column, nothing changed, no panic.
+#[tokio::test]
+async fn mysql_non_utf8_bytes_are_a_decode_error_naming_the_column() {
+    let Some(pool) = common::mysql(&format!("inbox_bytes_{}", common::next_id()), 2).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let inbox = Inbox::new("billing").unwrap();
+    let k = key("order:15:paid");
+    let Received::New(receipt) = inbox.receive::<_, String>(&pool, &k, b"m").await.unwrap() else {
+        panic!("first delivery")
+    };
+    let first = receipt.finish(Ok::<_, String>("ok".to_owned())).await;
+    assert_eq!(first.unwrap(), Delivery::Processed("ok".to_owned()));
+    sqlx::raw_sql(
+        "ALTER TABLE idem_inbox MODIFY result LONGBLOB; UPDATE idem_inbox SET result = X'FF22'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let again = inbox.receive::<_, String>(&pool, &k, b"m").await;
+    match &again {
+        Err(Error::Database(sqlx::Error::ColumnDecode { index, .. })) => {
+            assert_eq!(index, "result", "{again:?}")
+        }
+        other => panic!("expected a decode error naming `result`, got {other:?}"),
+    }
+    let message = again.unwrap_err().to_string();
+    assert!(message.contains("result"), "{message}");
+    let bytes: Vec<u8> = sqlx::query_scalar("SELECT result FROM idem_inbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(bytes, [0xFF, 0x22], "the record is left as it was");
+}
