@@ -103,6 +103,7 @@
 //!
 //! The README shows each, with its SQL.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub use idem_macros::{StateMachine, idempotent};

@@ -249,3 +249,148 @@ async fn postgres_names_the_refused_move() {
         "{e}"
     );
 }
+
+/// Two machines on tables whose names share their first 58 bytes: each gets its own
+/// constraint, triggers and (PostgreSQL) function, named within 63 bytes. Before the names
+/// were shortened by a digest, PostgreSQL truncated both functions' names to one, so the
+/// second machine's transitions replaced the first's; MySQL refused names over 64 bytes.
+/// What an older idem installed under the long names is dropped.
+mod long_names {
+    use super::*;
+
+    #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+    #[machine(
+        table = "orders_kept_by_the_billing_department_of_the_northern_region_a",
+        key = "order_id",
+        state = "status",
+        version = "version"
+    )]
+    pub enum Paying {
+        #[state(name = "CREATED", to(Paid))]
+        Created,
+        #[state(name = "PAID")]
+        Paid,
+    }
+
+    #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+    #[machine(
+        table = "orders_kept_by_the_billing_department_of_the_northern_region_b",
+        key = "order_id",
+        state = "status",
+        version = "version"
+    )]
+    pub enum Cancelling {
+        #[state(name = "CREATED", to(Cancelled))]
+        Created,
+        #[state(name = "CANCELLED")]
+        Cancelled,
+    }
+
+    const A: &str = "orders_kept_by_the_billing_department_of_the_northern_region_a";
+    const B: &str = "orders_kept_by_the_billing_department_of_the_northern_region_b";
+
+    macro_rules! long_name_tests {
+        ($test:ident, $pool:ty, $setup:expr, $legacy:expr, $triggers:expr) => {
+            #[tokio::test]
+            async fn $test() {
+                let Some(pool): Option<$pool> = $setup else {
+                    return;
+                };
+                for table in [A, B] {
+                    sqlx::raw_sql(&format!(
+                        "CREATE TABLE {table} (order_id BIGINT PRIMARY KEY, \
+                         status VARCHAR(32), version BIGINT DEFAULT 0); \
+                         INSERT INTO {table} (order_id, status) VALUES (1, 'CREATED'), (2, 'CREATED')"
+                    ))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                }
+                // What an older idem installed under the long names, refusing every
+                // UPDATE: enforce replaces it.
+                if !$legacy.is_empty() {
+                    sqlx::raw_sql($legacy).execute(&pool).await.unwrap();
+                }
+                for _ in 0..2 {
+                    idem::enforce::<Paying, _>(&pool).await.unwrap();
+                    idem::enforce::<Cancelling, _>(&pool).await.unwrap();
+                }
+                let update = |table: &str, to: &str, id: i64| {
+                    format!("UPDATE {table} SET status = '{to}' WHERE order_id = {id}")
+                };
+                // Each table keeps its own machine's transitions.
+                sqlx::query(&update(A, "PAID", 1)).execute(&pool).await.unwrap();
+                sqlx::query(&update(B, "CANCELLED", 1)).execute(&pool).await.unwrap();
+                for (table, to) in [(A, "CANCELLED"), (B, "PAID")] {
+                    let refused = sqlx::query(&update(table, to, 2)).execute(&pool).await;
+                    assert!(
+                        matches!(refused, Err(sqlx::Error::Database(_))),
+                        "{table} -> {to}: {refused:?}"
+                    );
+                }
+                // Each trigger (and its function) is the table's own, named within 63 bytes.
+                let names: Vec<(String, String)> = sqlx::query_as($triggers)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                let of = |table: &str| -> Vec<&str> {
+                    names
+                        .iter()
+                        .filter(|(t, _)| t == table)
+                        .map(|(_, n)| n.as_str())
+                        .collect()
+                };
+                let (a, b) = (of(A), of(B));
+                assert!(!a.is_empty() && a.len() == b.len(), "{names:?}");
+                for name in a.iter().chain(&b) {
+                    assert!(name.len() <= 63, "{name}");
+                    assert!(!a.contains(name) || !b.contains(name), "shared: {name}");
+                }
+            }
+        };
+    }
+
+    long_name_tests!(
+        on_sqlite,
+        sqlx::SqlitePool,
+        Some(common::sqlite_file(&format!("enforce-long-{}", common::next_id()), 2).await),
+        "CREATE TRIGGER idem_orders_kept_by_the_billing_department_of_the_northern_region_a_status_edges \
+         BEFORE UPDATE ON orders_kept_by_the_billing_department_of_the_northern_region_a \
+         BEGIN SELECT RAISE(ABORT, 'older idem'); END;",
+        "SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger'"
+    );
+    long_name_tests!(
+        on_postgres,
+        sqlx::PgPool,
+        common::postgres(&format!("enforce_long_{}", common::next_id()), 2).await,
+        // PostgreSQL cut an older idem's names at 63 bytes: one function, two triggers,
+        // and a CHECK.
+        "CREATE FUNCTION idem_orders_kept_by_the_billing_department_of_the_northern_regi() \
+         RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'older idem'; END $$; \
+         CREATE TRIGGER idem_orders_kept_by_the_billing_department_of_the_northern_regi \
+         BEFORE UPDATE ON orders_kept_by_the_billing_department_of_the_northern_region_a \
+         FOR EACH ROW EXECUTE FUNCTION idem_orders_kept_by_the_billing_department_of_the_northern_regi(); \
+         CREATE TRIGGER idem_orders_kept_by_the_billing_department_of_the_northern_regi \
+         BEFORE UPDATE ON orders_kept_by_the_billing_department_of_the_northern_region_b \
+         FOR EACH ROW EXECUTE FUNCTION idem_orders_kept_by_the_billing_department_of_the_northern_regi(); \
+         ALTER TABLE orders_kept_by_the_billing_department_of_the_northern_region_a \
+         ADD CONSTRAINT idem_orders_kept_by_the_billing_department_of_the_northern_regi \
+         CHECK (status = 'CREATED');",
+        // Each trigger with its function's name: one function per machine.
+        "SELECT CAST(c.relname AS TEXT), CAST(t.tgname AS TEXT) FROM pg_trigger t \
+         JOIN pg_class c ON c.oid = t.tgrelid \
+         WHERE NOT t.tgisinternal AND c.relnamespace = CAST(current_schema() AS regnamespace) \
+         UNION ALL SELECT CAST(c.relname AS TEXT), CAST(p.proname AS TEXT) FROM pg_trigger t \
+         JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid \
+         WHERE NOT t.tgisinternal AND c.relnamespace = CAST(current_schema() AS regnamespace)"
+    );
+    long_name_tests!(
+        on_mysql,
+        sqlx::MySqlPool,
+        common::mysql(&format!("enforce_long_{}", common::next_id()), 2).await,
+        // An older idem could not install these (names over 64 bytes were refused).
+        "",
+        "SELECT CAST(event_object_table AS CHAR), CAST(trigger_name AS CHAR) \
+         FROM information_schema.triggers WHERE trigger_schema = DATABASE()"
+    );
+}

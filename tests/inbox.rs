@@ -517,6 +517,109 @@ macro_rules! inbox_tests {
                 assert_eq!(status, "DONE", "the record is left for someone to look at");
             }
 
+            /// idem's tables hold no NULL fingerprint or status (both columns are NOT NULL
+            /// on every backend); a table made or altered by hand may. Such a record is
+            /// refused, named, and left alone, never read as a conflict. The test drops the
+            /// NOT NULL: SQLite cannot alter a column, so there the table's schema text is
+            /// rewritten (as SQLite documents for removing a NOT NULL constraint).
+            #[tokio::test]
+            async fn a_record_with_no_fingerprint_or_status_is_refused_and_left_alone() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("billing").unwrap();
+                let k = key("order:13:paid");
+                assert!(deliver(&inbox, &pool, &k, 13, 5).await.unwrap().is_processed());
+                let mut conn = pool.acquire().await.unwrap();
+                let id = std::any::TypeId::of::<$db>();
+                let nullable = if id == std::any::TypeId::of::<sqlx::Sqlite>() {
+                    "PRAGMA writable_schema = ON;
+                     UPDATE sqlite_schema SET sql = replace(replace(sql,
+                         'fingerprint TEXT NOT NULL', 'fingerprint TEXT'),
+                         'status TEXT NOT NULL', 'status TEXT')
+                     WHERE name = 'idem_inbox';
+                     PRAGMA writable_schema = OFF;"
+                } else if id == std::any::TypeId::of::<sqlx::Postgres>() {
+                    "ALTER TABLE idem_inbox ALTER COLUMN fingerprint DROP NOT NULL, \
+                     ALTER COLUMN status DROP NOT NULL"
+                } else {
+                    "ALTER TABLE idem_inbox MODIFY fingerprint VARCHAR(64) NULL, \
+                     MODIFY status VARCHAR(16) NULL"
+                };
+                sqlx::raw_sql(nullable).execute(&mut *conn).await.unwrap();
+                if id == std::any::TypeId::of::<sqlx::Sqlite>() {
+                    // The pool's other connections read the new schema on their next statement.
+                    let version: i64 = sqlx::query_scalar("PRAGMA schema_version").fetch_one(&mut *conn).await.unwrap();
+                    sqlx::raw_sql(&format!("PRAGMA schema_version = {}", version + 1)).execute(&mut *conn).await.unwrap();
+                }
+                drop(conn);
+                fn names<E>(e: &Error<E>, column: &str) -> bool {
+                    matches!(e, Error::CorruptRecord { group, key, problem }
+                        if group == "billing" && key == "order:13:paid" && problem.contains(column))
+                }
+                let fingerprint: String = sqlx::query_scalar("SELECT fingerprint FROM idem_inbox")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                for (column, update) in [
+                    ("fingerprint", "UPDATE idem_inbox SET fingerprint = NULL WHERE fingerprint = $1"),
+                    ("status", "UPDATE idem_inbox SET fingerprint = $1, status = NULL"),
+                ] {
+                    sqlx::query(common::placed($positional, update))
+                    .bind(&fingerprint)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                    let delivered = deliver(&inbox, &pool, &k, 13, 5).await;
+                    assert!(delivered.as_ref().is_err_and(|e| names(e, column)), "{column}: {delivered:?}");
+                    let claimed = inbox.claim::<_, ()>(&pool, &k, b"{\"order\":13,\"amount\":5}").await;
+                    assert!(claimed.as_ref().is_err_and(|e| names(e, column)), "{column}: {claimed:?}");
+                    assert_eq!(effects(&pool).await, 1, "the handler did not run again");
+                    let nulls: i64 = sqlx::query_scalar(&format!(
+                        "SELECT COUNT(*) FROM idem_inbox WHERE {column} IS NULL"
+                    ))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                    assert_eq!(nulls, 1, "{column}: the record is left for someone to look at");
+                }
+            }
+
+            /// A PROCESSING record without a lease (idem always writes one; another writer
+            /// may not) is taken over, as an expired lease is: a lease that never ends
+            /// would pin the message forever. The holder, if any, can no longer record.
+            #[tokio::test]
+            async fn a_processing_record_without_a_lease_is_taken_over() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("mailer").unwrap().lease(HOUR);
+                let k = key("welcome:8");
+                let Claimed::Work(first) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("first claim")
+                };
+                sqlx::query("UPDATE idem_inbox SET lease_until = NULL").execute(&pool).await.unwrap();
+                let Claimed::Work(second) = inbox.claim::<_, String>(&pool, &k, b"hi").await.unwrap() else {
+                    panic!("takeover")
+                };
+                assert_eq!(second.attempt(), 2);
+                assert!(matches!(
+                    first.complete(&pool, Ok::<_, String>("sent by 1".to_owned())).await,
+                    Err(Error::LeaseLost { .. })
+                ));
+                assert_eq!(
+                    second.complete(&pool, Ok::<_, String>("sent by 2".to_owned())).await.unwrap(),
+                    Delivery::Processed("sent by 2".to_owned())
+                );
+                assert_eq!(inbox.counters().takeovers, 1);
+                // The same in a delivery's own transaction.
+                let k = key("order:14:paid");
+                assert!(deliver(&inbox, &pool, &k, 14, 5).await.unwrap().is_processed());
+                sqlx::query("UPDATE idem_inbox SET status = 'PROCESSING', lease_until = NULL WHERE attempts = 1")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                assert!(deliver(&inbox, &pool, &k, 14, 5).await.unwrap().is_processed());
+                assert_eq!(effects(&pool).await, 2);
+                assert_eq!(inbox.counters().takeovers, 2);
+            }
+
             #[tokio::test]
             async fn a_concurrent_duplicate_gives_up_after_the_lock_timeout() {
                 let Some(pool) = setup().await else { return };
@@ -638,4 +741,41 @@ async fn mysql_the_sessions_own_lock_wait_timeout_is_put_back() {
             .await
             .unwrap();
     assert_eq!(session, 7, "the session's own lock wait timeout is back");
+}
+
+/// A binary column holding bytes that are not UTF-8 (here the inbox's `result`, made a
+/// `LONGBLOB` by hand) is a decode error naming the column, nothing changed, no panic.
+#[tokio::test]
+async fn mysql_non_utf8_bytes_are_a_decode_error_naming_the_column() {
+    let Some(pool) = common::mysql(&format!("inbox_bytes_{}", common::next_id()), 2).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let inbox = Inbox::new("billing").unwrap();
+    let k = key("order:15:paid");
+    let Received::New(receipt) = inbox.receive::<_, String>(&pool, &k, b"m").await.unwrap() else {
+        panic!("first delivery")
+    };
+    let first = receipt.finish(Ok::<_, String>("ok".to_owned())).await;
+    assert_eq!(first.unwrap(), Delivery::Processed("ok".to_owned()));
+    sqlx::raw_sql(
+        "ALTER TABLE idem_inbox MODIFY result LONGBLOB; UPDATE idem_inbox SET result = X'FF22'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let again = inbox.receive::<_, String>(&pool, &k, b"m").await;
+    match &again {
+        Err(Error::Database(sqlx::Error::ColumnDecode { index, .. })) => {
+            assert_eq!(index, "result", "{again:?}")
+        }
+        other => panic!("expected a decode error naming `result`, got {other:?}"),
+    }
+    let message = again.unwrap_err().to_string();
+    assert!(message.contains("result"), "{message}");
+    let bytes: Vec<u8> = sqlx::query_scalar("SELECT result FROM idem_inbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(bytes, [0xFF, 0x22], "the record is left as it was");
 }

@@ -36,10 +36,7 @@ fn readme_shows_the_generated_sql() {
             "PostgreSQL transition storing its result",
             sql.of(idem::Dialect::Postgres).transition_storing,
         ),
-        (
-            "SQLite transition",
-            sql.of(idem::Dialect::Sqlite).transition,
-        ),
+        ("transition", sql.of(idem::Dialect::Postgres).update),
         (
             "SQLite classification",
             sql.of(idem::Dialect::Sqlite).classify,
@@ -61,6 +58,22 @@ fn readme_shows_the_generated_sql() {
     assert_eq!(
         sql.of(idem::Dialect::Postgres).store_result,
         sql.of(idem::Dialect::Sqlite).store_result
+    );
+    // SQLite's transition is that UPDATE with its own increment, which the README shows.
+    let sqlite = sql.of(idem::Dialect::Sqlite).transition;
+    let increment = sqlite
+        .split("\"version\" = ")
+        .nth(1)
+        .and_then(|rest| rest.split('\n').next())
+        .unwrap();
+    assert!(increment.starts_with("CASE"), "{sqlite}");
+    assert!(
+        readme.contains(&format!("`{increment}`")),
+        "README.md does not show SQLite's increment as generated:\n{increment}"
+    );
+    assert_eq!(
+        sqlite.replace(increment, "\"version\" + 1"),
+        sql.of(idem::Dialect::Postgres).update
     );
     // MySQL's, as sent: each `$n` a `?` of its own.
     let mysql = sql.of(idem::Dialect::MySql);
@@ -95,7 +108,7 @@ enum TenantOrder {
 #[test]
 fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
     use idem::Machine;
-    use idem_sql::transition::{Assignment, Names, SetTo, sqlite};
+    use idem_sql::transition::{Assignment, Names, SetTo, postgres};
     let readme = include_str!("../README.md");
     let d = Order::DEFINITION;
     let names = Names {
@@ -115,7 +128,7 @@ fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
             value: SetTo::Bound,
         },
     ];
-    let update = sqlite(&names, &set).update;
+    let update = postgres(&names, &set).update;
     assert!(
         readme.contains(&format!("```sql\n{update}\n```")),
         "README.md does not show the UPDATE with columns set as generated:\n{update}"
@@ -176,7 +189,7 @@ fn readme_shows_the_creation_sql() {
 #[test]
 fn readme_shows_the_composite_key_sql() {
     let readme = include_str!("../README.md");
-    let update = TenantOrder::IDEM_SQL.of(idem::Dialect::Sqlite).transition;
+    let update = TenantOrder::IDEM_SQL.of(idem::Dialect::Postgres).update;
     assert!(
         readme.contains(&format!("```sql\n{update}\n```")),
         "README.md does not show the composite-key UPDATE as generated:\n{update}"

@@ -346,6 +346,31 @@ macro_rules! backend_tests {
                 }
             }
 
+            /// A version at `i64::MAX` cannot take `version + 1`: the database refuses the
+            /// UPDATE (SQLite would turn the sum into a REAL), nothing is written, the body
+            /// never runs.
+            #[tokio::test]
+            async fn a_version_that_would_overflow_is_a_database_error_and_nothing_changes() {
+                let Some(pool) = setup().await else { return };
+                sqlx::raw_sql("UPDATE orders SET version = 9223372036854775807 WHERE order_id = 4")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                match pay(&pool, 4, 10).await {
+                    Err(Error::Database(_)) => {}
+                    other => panic!("expected a database error, got {other:?}"),
+                }
+                match pay_at(&pool, 4, Some(i64::MAX)).await {
+                    Err(Error::Database(_)) => {}
+                    other => panic!("expected a database error, got {other:?}"),
+                }
+                assert_eq!(state(&pool, 4).await, (Some("CREATED".into()), Some(i64::MAX)));
+                assert_eq!(effects(&pool, 4).await, 0);
+                assert_eq!(stored_results(&pool).await, 0);
+                // The other rows move as ever.
+                assert!(matches!(pay(&pool, 5, 10).await, Ok(Outcome::Applied(_))));
+            }
+
             #[tokio::test]
             async fn bad_rows_are_named_and_left_untouched() {
                 let Some(pool) = setup().await else { return };

@@ -4,6 +4,8 @@
 //! Each entry point calls an `*_inner` function over `proc_macro2` (parse → validate →
 //! expand); every error is reported at once, on the token that is wrong.
 
+#![forbid(unsafe_code)]
+
 mod ctxt;
 mod handler;
 mod ident;

@@ -16,7 +16,13 @@ use sqlx::Pool;
 /// message naming both states. On SQLite, which cannot add a constraint to a table, two
 /// triggers (`…_declared` on INSERT, `…_edges` on UPDATE) that abort the statement; on
 /// MySQL and MariaDB the same two triggers, refusing with `SIGNAL SQLSTATE '23000'` (error
-/// 1644). NULL states are left to the column's own `NOT NULL`. The script is
+/// 1644). A name over 63 bytes (PostgreSQL's limit; MySQL's is 64) is cut to 63, ending
+/// in 12 hex digits of a digest of the whole name and the object's kind
+/// (`idem_orders_kept_by_the_billing_departmen_5febecd79c02_declared`), so two tables
+/// whose names share a long prefix never share a trigger or a function; the objects an
+/// older idem made under the whole name (SQLite) or under PostgreSQL's cut of it are
+/// dropped by the script (such a function, unused, is left). NULL states are left to the
+/// column's own `NOT NULL`. The script is
 /// `M::IDEM_SQL.of(Dialect::Postgres).enforce` (and so on for each
 /// [`Dialect`](crate::Dialect)): run it here, once at start-up (it is rerunnable: every
 /// object is dropped or replaced first), or copy it into your migrations.

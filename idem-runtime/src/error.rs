@@ -69,8 +69,9 @@ pub enum Error<E> {
         /// The message key.
         key: String,
     },
-    /// An inbox record holds data idem cannot interpret (an unknown status). Nothing was
-    /// changed; fix the record.
+    /// An inbox record holds data idem cannot interpret (an unknown status, or a NULL
+    /// status or fingerprint, which only a table made or altered by hand can hold). Nothing
+    /// was changed; fix the record.
     CorruptRecord {
         /// The consumer group.
         group: String,

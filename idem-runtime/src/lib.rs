@@ -1,6 +1,7 @@
 //! Runtime of [idem](https://docs.rs/idem): outcomes, errors, backends and the transition
 //! engine. Depend on the `idem` crate, which re-exports this one with the macros.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;

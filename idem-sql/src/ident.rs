@@ -46,17 +46,19 @@ pub fn table_name_problem(s: &str) -> Option<String> {
     })
 }
 
-/// The identifier quoted for SQL (`"orders"`, `"billing"."orders"`). Only called on names
-/// that passed validation, so they contain no quote to escape.
+/// The identifier quoted for SQL (`"orders"`, `"billing"."orders"`), each `"` in it
+/// doubled. Only called on names that passed validation, which hold no quote; escaping
+/// anyway keeps a name that did not (a caller's bug) one identifier, never SQL.
 pub fn quoted(s: &str) -> String {
     quoted_with(s, '"')
 }
 
 /// The identifier quoted with `quote`: `"` in standard SQL, a backtick on MySQL
-/// (`` `billing`.`orders` ``).
+/// (`` `billing`.`orders` ``), each `quote` in a part doubled (`a"b` → `"a""b"`).
 pub fn quoted_with(s: &str, quote: char) -> String {
+    let doubled = format!("{quote}{quote}");
     s.split('.')
-        .map(|part| format!("{quote}{part}{quote}"))
+        .map(|part| format!("{quote}{}{quote}", part.replace(quote, &doubled)))
         .collect::<Vec<_>>()
         .join(".")
 }
@@ -83,5 +85,14 @@ mod tests {
     fn quoting() {
         assert_eq!(quoted("orders"), "\"orders\"");
         assert_eq!(quoted("billing.orders"), "\"billing\".\"orders\"");
+        // A quote, were one ever to get here, stays inside the identifier.
+        assert_eq!(quoted("a\"b"), "\"a\"\"b\"");
+        assert_eq!(
+            quoted("x\"; DROP TABLE t; --"),
+            "\"x\"\"; DROP TABLE t; --\""
+        );
+        assert_eq!(quoted_with("a`b", '`'), "`a``b`");
+        assert_eq!(quoted_with("s.a`b", '`'), "`s`.`a``b`");
+        assert_eq!(quoted_with("a\"b", '`'), "`a\"b`");
     }
 }

@@ -12,6 +12,7 @@
 //! [`spelling`] finds the declared name nearest
 //! to a misspelled one, for the compile errors of the macros and the runtime's checks.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod catalog;

@@ -22,6 +22,8 @@ pub struct Positional<'a> {
 /// `sql` with each `$n` outside quotes and comments replaced by `?`, and the order to bind
 /// the parameters in. Text in single quotes, double quotes and backticks, and `--` comments
 /// to the end of their line, are left alone; a statement without `$` is returned as it is.
+/// So are `$0` and a number too large for `usize`: no parameter has them. Never panics, on
+/// any text.
 ///
 /// ```
 /// use idem_sql::placeholder::positional;
@@ -61,16 +63,16 @@ pub fn positional(sql: &str) -> Positional<'_> {
                     .iter()
                     .take_while(|d| d.is_ascii_digit())
                     .count();
-                if digits > 0 {
-                    let number: usize = sql[i + 1..i + 1 + digits].parse().expect("ASCII digits");
-                    if number > 0 {
-                        text.push_str(&sql[copied..i]);
-                        text.push('?');
-                        order.push(number - 1);
-                        i += 1 + digits;
-                        copied = i;
-                        continue;
-                    }
+                // No digits, `$0`, or a number too large for `usize` names no parameter
+                // anyone can bind: left alone (and the server refuses the statement).
+                let number = sql[i + 1..i + 1 + digits].parse::<usize>().unwrap_or(0);
+                if number > 0 {
+                    text.push_str(&sql[copied..i]);
+                    text.push('?');
+                    order.push(number - 1);
+                    i += 1 + digits;
+                    copied = i;
+                    continue;
                 }
             }
             None => {}
@@ -100,11 +102,73 @@ mod tests {
         let p = positional("SELECT '$1', \"$2\", `$3`, 'it''s $4', $0, $ , $5");
         assert_eq!(p.text, "SELECT '$1', \"$2\", `$3`, 'it''s $4', $0, $ , ?");
         assert_eq!(p.order, [4]);
+        let huge = positional("SELECT $99999999999999999999, $1");
+        assert_eq!(huge.text, "SELECT $99999999999999999999, ?");
+        assert_eq!(huge.order, [0]);
         let commented = positional("SELECT $1 -- it's $2\n, $2");
         assert_eq!(commented.text, "SELECT ? -- it's $2\n, ?");
         assert_eq!(commented.order, [0, 1]);
         let none = positional("SELECT 1");
         assert!(matches!(none.text, Cow::Borrowed(_)));
         assert!(none.order.is_empty());
+    }
+
+    mod any_text {
+        use super::*;
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, FileFailurePersistence};
+
+        /// Failures kept in `placeholder.regressions` beside this file, replayed first.
+        fn config() -> Config {
+            Config {
+                cases: 1024,
+                failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+                    "regressions",
+                ))),
+                ..Config::default()
+            }
+        }
+
+        /// Text made of what the scanner looks at: `$`, digits (a run long enough to
+        /// overflow any integer), quotes, `--`, newlines, multi-byte UTF-8, and anything.
+        fn text() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("$".to_owned()),
+                "[0-9]{1,30}",
+                Just("$99999999999999999999".to_owned()),
+                Just("$0".to_owned()),
+                Just("$1".to_owned()),
+                Just("'".to_owned()),
+                Just("''".to_owned()),
+                Just("\"".to_owned()),
+                Just("`".to_owned()),
+                Just("-".to_owned()),
+                Just("--".to_owned()),
+                Just("\n".to_owned()),
+                Just("?".to_owned()),
+                Just("é".to_owned()),
+                Just("日本".to_owned()),
+                Just("🦀".to_owned()),
+                Just(" ".to_owned()),
+                any::<String>(),
+            ];
+            proptest::collection::vec(piece, 0..24).prop_map(|pieces| pieces.concat())
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Never a panic; each `?` it writes has its parameter, and text without `$`
+            /// comes back as it was.
+            #[test]
+            fn positional_never_panics(sql in text()) {
+                let p = positional(&sql);
+                let written = p.text.matches('?').count() - sql.matches('?').count();
+                prop_assert_eq!(written, p.order.len());
+                if !sql.contains('$') {
+                    prop_assert_eq!(&*p.text, sql.as_str());
+                }
+            }
+        }
     }
 }

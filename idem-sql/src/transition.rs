@@ -108,6 +108,9 @@ struct Spelling {
     /// Whether a classifying read starts from the machine's row (MySQL), not from one row
     /// of its own: see `Quoted::classified_rows`.
     from_the_row: bool,
+    /// Whether an integer sum that overflows becomes a REAL instead of an error (SQLite):
+    /// the version's increment then raises the error itself.
+    overflow_to_real: bool,
 }
 
 const STANDARD: Spelling = Spelling {
@@ -118,10 +121,12 @@ const STANDARD: Spelling = Spelling {
     locking: "",
     insert_unless_taken: true,
     from_the_row: false,
+    overflow_to_real: false,
 };
 
 const SQLITE: Spelling = Spelling {
     same: "IS",
+    overflow_to_real: true,
     ..STANDARD
 };
 
@@ -133,6 +138,7 @@ const MYSQL: Spelling = Spelling {
     locking: "\nLOCK IN SHARE MODE",
     insert_unless_taken: false,
     from_the_row: true,
+    overflow_to_real: false,
 };
 
 /// The quoted names, and the parameter positions: the key's columns come first
@@ -574,6 +580,14 @@ impl Guard {
     /// What the version becomes: one more, or the event's.
     fn next_version(&self, q: &Quoted, unguarded: usize) -> String {
         match self {
+            // SQLite turns `9223372036854775807 + 1` into a REAL and would move the row on
+            // with it: there the increment refuses instead, with `abs` of the least
+            // integer ("integer overflow"), as PostgreSQL and MySQL refuse the sum.
+            Guard::Any | Guard::Expected if q.spelling.overflow_to_real => format!(
+                "CASE WHEN {v} < 9223372036854775807 THEN {v} + 1 \
+                 ELSE abs(-9223372036854775807 - 1) END",
+                v = q.version
+            ),
             Guard::Any | Guard::Expected => format!("{} + 1", q.version),
             Guard::Watermark => format!("${}", self.last(q, unguarded)),
         }
@@ -688,15 +702,23 @@ mod tests {
         statements(&["order_id"], sqlite)
     }
 
+    /// SQLite's `"version" + 1`, which refuses to overflow into a REAL.
+    const LITE_NEXT: &str = "CASE WHEN \"version\" < 9223372036854775807 THEN \"version\" + 1 \
+                             ELSE abs(-9223372036854775807 - 1) END";
+
     #[test]
     fn sqlite_transition_is_one_conditional_update() {
         assert_eq!(
             lite().transition,
-            "UPDATE \"orders\"\n\
-             SET \"status\" = $3, \"version\" = \"version\" + 1\n\
+            format!(
+                "UPDATE \"orders\"\n\
+             SET \"status\" = $3, \"version\" = {LITE_NEXT}\n\
              WHERE \"order_id\" = $1 AND \"status\" = $2 AND \"version\" IS NOT NULL"
+            )
         );
         assert!(lite().transition_guarded.ends_with("AND \"version\" = $4"));
+        // Elsewhere the database refuses the overflowing sum itself.
+        assert!(pg().update.contains("\"version\" = \"version\" + 1\n"));
     }
 
     #[test]
@@ -720,9 +742,11 @@ mod tests {
         let lite = statements(&keys, sqlite);
         assert_eq!(
             lite.transition,
-            "UPDATE \"orders\"\n\
-             SET \"status\" = $4, \"version\" = \"version\" + 1\n\
+            format!(
+                "UPDATE \"orders\"\n\
+             SET \"status\" = $4, \"version\" = {LITE_NEXT}\n\
              WHERE \"tenant_id\" = $1 AND \"order_id\" = $2 AND \"status\" = $3 AND \"version\" IS NOT NULL"
+            )
         );
         assert!(lite.update_guarded.ends_with("AND \"version\" = $5"));
         assert!(lite.classify.contains(
@@ -765,9 +789,11 @@ mod tests {
         let lite = sqlite(&names(&["order_id"]), &PAY_SET);
         assert_eq!(
             lite.update,
-            "UPDATE \"orders\"\n\
-             SET \"status\" = $3, \"version\" = \"version\" + 1, \"paid_at\" = CURRENT_TIMESTAMP, \"amount\" = $4, \"note\" = $5\n\
+            format!(
+                "UPDATE \"orders\"\n\
+             SET \"status\" = $3, \"version\" = {LITE_NEXT}, \"paid_at\" = CURRENT_TIMESTAMP, \"amount\" = $4, \"note\" = $5\n\
              WHERE \"order_id\" = $1 AND \"status\" = $2 AND \"version\" IS NOT NULL"
+            )
         );
         assert!(
             lite.update_guarded

@@ -10,7 +10,7 @@
 //! | mode | use when | how |
 //! |---|---|---|
 //! | transactional, [`Inbox::receive`] (the default) | the handler's effects are all in this database | the record and the effects commit in one transaction; a concurrent duplicate waits for the first (or, with [`Inbox::lock_timeout`], gets [`Delivery::InProgress`]) |
-//! | leased, [`Inbox::claim`] | the handler calls something outside the database (a payment API, e-mail) | a short transaction claims the key as PROCESSING with a lease; the work runs; a second transaction records SUCCESS with the result, or FAILED with the error. An expired lease can be taken over; after [`Inbox::max_attempts`] the message is parked as DEAD |
+//! | leased, [`Inbox::claim`] | the handler calls something outside the database (a payment API, e-mail) | a short transaction claims the key as PROCESSING with a lease; the work runs; a second transaction records SUCCESS with the result, or FAILED with the error. An expired lease (or a PROCESSING record with none, which idem never writes) can be taken over; after [`Inbox::max_attempts`] the message is parked as DEAD |
 //!
 //! In the leased mode the outside call may run twice (a crash after it, before the
 //! record): pass it a deterministic idempotency key, such as the message key, so the

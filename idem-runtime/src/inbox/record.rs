@@ -9,8 +9,10 @@ pub(crate) const DEAD: &str = "DEAD";
 /// The columns of a record that classification reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Stored {
-    pub status: String,
-    pub fingerprint: String,
+    /// NULL in no table idem made (the column is NOT NULL), but read as it is.
+    pub status: Option<String>,
+    /// As the status.
+    pub fingerprint: Option<String>,
     pub attempts: i64,
     pub result: Option<String>,
     pub error: Option<String>,
@@ -40,15 +42,29 @@ pub(crate) enum Ended {
     },
     /// Another delivery holds a live lease.
     InProgress { lease_until: Option<i64> },
-    /// A status idem does not know.
+    /// A status idem does not know, or no status or fingerprint at all (NULL).
     Corrupt(String),
 }
 
+/// What a delivery of `fingerprint` finds in `stored`, at the database's `now_millis`.
+///
+/// A record without a fingerprint or a status (NULL, which only a hand-made or altered
+/// table can hold) is corrupt: left alone and named, never read as a conflict. A
+/// PROCESSING record without a lease is taken over, as one whose lease expired: a lease
+/// that never ends would pin the message forever.
 pub(crate) fn classify(stored: Stored, fingerprint: &str, now_millis: i64) -> Found {
-    if stored.fingerprint != fingerprint {
+    let Some(recorded) = stored.fingerprint else {
+        return Found::Ended(Ended::Corrupt(
+            "no fingerprint (`fingerprint` is NULL)".into(),
+        ));
+    };
+    let Some(status) = stored.status else {
+        return Found::Ended(Ended::Corrupt("no status (`status` is NULL)".into()));
+    };
+    if recorded != fingerprint {
         return Found::Ended(Ended::Conflict);
     }
-    match stored.status.as_str() {
+    match status.as_str() {
         SUCCESS => Found::Ended(Ended::Duplicate(stored.result)),
         DEAD => Found::Ended(Ended::Dead {
             attempts: stored.attempts,
@@ -77,8 +93,8 @@ mod tests {
 
     fn stored(status: &str, lease_until: Option<i64>) -> Stored {
         Stored {
-            status: status.into(),
-            fingerprint: "f1".into(),
+            status: Some(status.into()),
+            fingerprint: Some("f1".into()),
             attempts: 2,
             result: Some("7".into()),
             error: Some("boom".into()),
@@ -119,6 +135,44 @@ mod tests {
         assert_eq!(
             classify(stored("DONE", None), "f1", 0),
             Found::Ended(Ended::Corrupt("unknown status \"DONE\"".into()))
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_fingerprint_or_a_status_is_corrupt_not_a_conflict() {
+        for status in [SUCCESS, PROCESSING, FAILED, DEAD] {
+            let no_fingerprint = Stored {
+                fingerprint: None,
+                ..stored(status, None)
+            };
+            assert_eq!(
+                classify(no_fingerprint, "f1", 0),
+                Found::Ended(Ended::Corrupt(
+                    "no fingerprint (`fingerprint` is NULL)".into()
+                ))
+            );
+        }
+        for fingerprint in ["f1", "f2"] {
+            let no_status = Stored {
+                status: None,
+                ..stored(SUCCESS, None)
+            };
+            assert_eq!(
+                classify(no_status, fingerprint, 0),
+                Found::Ended(Ended::Corrupt("no status (`status` is NULL)".into()))
+            );
+        }
+    }
+
+    /// A lease that never ends would pin the message forever: taken over.
+    #[test]
+    fn a_processing_record_without_a_lease_is_taken_over() {
+        assert_eq!(
+            classify(stored(PROCESSING, None), "f1", 0),
+            Found::Retry {
+                attempts: 2,
+                takeover: true
+            }
         );
     }
 

@@ -539,9 +539,10 @@ impl Inbox {
         let Some(now) = row.int("now") else {
             return Err(self.corrupt(key, "the database returned no time with the record"));
         };
+        // A NULL status or fingerprint is kept as one: `classify` refuses it.
         let stored = Stored {
-            status: row.take_text("status").unwrap_or_default(),
-            fingerprint: row.take_text("fingerprint").unwrap_or_default(),
+            status: row.take_text("status"),
+            fingerprint: row.take_text("fingerprint"),
             attempts: row.int("attempts").unwrap_or(0),
             result: row.take_text("result"),
             error: row.take_text("error"),
