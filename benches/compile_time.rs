@@ -5,7 +5,7 @@
 //! through sqlx.
 //!
 //! ```sh
-//! cargo bench --bench compile_time
+//! cargo bench -p idem --bench compile_time
 //! ```
 //!
 //! The three crates are generated under the target directory, share one target directory

@@ -2,7 +2,7 @@
 //! the key table written by hand in the handler's transaction, over loopback HTTP.
 //!
 //! ```sh
-//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench http
+//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench -p idem --bench http
 //! ```
 //!
 //! Four routes on one server, one handler each (insert one effect row, answer 201 with a body):

@@ -3,7 +3,7 @@
 //! their latency without it, measured just before and just after.
 //!
 //! ```sh
-//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench purge
+//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench -p idem --bench purge
 //! ```
 //!
 //! Without the URL only SQLite runs. `IDEM_BENCH_PURGE_ROWS` (default 1,000,000),

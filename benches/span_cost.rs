@@ -2,7 +2,7 @@
 //! time on a shared machine). Run under callgrind, see BENCHMARKS.md:
 //!
 //! ```sh
-//! cargo bench --bench span_cost --no-run
+//! cargo bench -p idem --bench span_cost --no-run
 //! for mode in none traced traced-all metrics; do for calls in 1000 3000; do
 //!   IDEM_SPAN_COST_MODE=$mode IDEM_SPAN_COST_CALLS=$calls valgrind --tool=callgrind \
 //!     --callgrind-out-file=/dev/null target/release/deps/span_cost-* 2>&1 | grep Collected

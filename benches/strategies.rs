@@ -8,7 +8,7 @@
 //!
 //! ```sh
 //! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
-//! IDEM_BENCH_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench --bench strategies
+//! IDEM_BENCH_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench -p idem --bench strategies
 //! ```
 //!
 //! Without the URLs only SQLite runs; `IDEM_BENCH_SQLITE=0` skips SQLite. `IDEM_BENCH_KEYS`

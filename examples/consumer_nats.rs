@@ -6,8 +6,8 @@
 //! in the transaction that records the message, and acks only after that commit.
 //!
 //! ```text
-//! cargo run --example consumer_nats                         # nats://127.0.0.1:4222, SQLite temp file
-//! cargo run --example consumer_nats -- NATS_URL DATABASE_URL
+//! cargo run -p idem --example consumer_nats                         # nats://127.0.0.1:4222, SQLite temp file
+//! cargo run -p idem --example consumer_nats -- NATS_URL DATABASE_URL
 //! ```
 //!
 //! The server needs JetStream (`nats-server -js`). Environment: `NATS_URL`,

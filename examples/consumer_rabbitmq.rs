@@ -7,8 +7,8 @@
 //! records the message, and acks only after that commit.
 //!
 //! ```text
-//! cargo run --example consumer_rabbitmq                     # amqp://127.0.0.1:5672, SQLite temp file
-//! cargo run --example consumer_rabbitmq -- AMQP_URL DATABASE_URL
+//! cargo run -p idem --example consumer_rabbitmq                     # amqp://127.0.0.1:5672, SQLite temp file
+//! cargo run -p idem --example consumer_rabbitmq -- AMQP_URL DATABASE_URL
 //! ```
 //!
 //! Environment: `AMQP_URL`, `DATABASE_URL` (an SQLite URL).

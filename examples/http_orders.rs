@@ -6,9 +6,9 @@
 //! (`POST /orders/form`) creates the order once, however often it is sent.
 //!
 //! ```text
-//! cargo run --example http_orders                  # embedded SQLite, a fresh temp file
-//! cargo run --example http_orders -- --database-url postgres://postgres@127.0.0.1:5432/test
-//! cargo run --example http_orders -- --listen 127.0.0.1:8080
+//! cargo run -p idem --example http_orders                  # embedded SQLite, a fresh temp file
+//! cargo run -p idem --example http_orders -- --database-url postgres://postgres@127.0.0.1:5432/test
+//! cargo run -p idem --example http_orders -- --listen 127.0.0.1:8080
 //! ```
 //!
 //! Then, from another terminal (the README shows these with their answers):
@@ -305,7 +305,7 @@ fn parse_args() -> (Option<String>, String) {
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage: cargo run --example http_orders [-- --database-url postgres://USER@HOST/DB] [--listen HOST:PORT]"
+        "{problem}\nusage: cargo run -p idem --example http_orders [-- --database-url postgres://USER@HOST/DB] [--listen HOST:PORT]"
     );
     std::process::exit(2)
 }
