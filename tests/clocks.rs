@@ -7,9 +7,8 @@
 //! (`FAKETIME=+3d`); `.ci/run` installs Debian's `faketime` package. On SQLite the database's
 //! clock is the process's own, so there is nothing to skew apart.
 
-#[path = "common/child.rs"]
-mod child;
-mod common;
+use crate::child;
+use crate::common;
 
 use child::{ChildProcess, report};
 use idem::inbox::{Claimed, Delivery, Inbox, MessageKey, Received};
@@ -80,7 +79,7 @@ async fn skewed_instance_changes_nothing<DB: idem::Backend>(
         Received::Done(other) => panic!("{other:?}"),
     }
     let mut child = ChildProcess::spawn(
-        "skewed_instance",
+        "clocks::skewed_instance",
         &[
             ("IDEM_CHILD_BACKEND", backend.to_owned()),
             (target.0, target.1),

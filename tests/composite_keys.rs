@@ -2,7 +2,7 @@
 //! use the same order number; each row moves, and replays, on its own. Every case runs on a
 //! SQLite file and on PostgreSQL.
 
-mod common;
+use crate::common;
 
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{Key, KeyError, Outcome, StateMachine, ToKey};

@@ -2,7 +2,7 @@
 //! machines in one transaction, a handler called from another handler's body, refusals and
 //! errors that leave the caller's earlier work intact, on SQLite and PostgreSQL.
 
-mod common;
+use crate::common;
 
 use idem::{Error, Outcome, StateMachine};
 

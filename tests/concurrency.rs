@@ -2,7 +2,7 @@
 //! once: exactly one call applies per key, every other call is a duplicate that replays the
 //! winner's result, and the body's side effect happens exactly once per key.
 
-mod common;
+use crate::common;
 
 use idem::{Outcome, StateMachine};
 use rand::SeedableRng;

@@ -1,7 +1,7 @@
 //! `#[idempotent]` on message handlers: the inbox alone, and the inbox combined with a
 //! state transition, on SQLite and PostgreSQL.
 
-mod common;
+use crate::common;
 
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{Refusal, StateMachine};

@@ -20,11 +20,9 @@
 //!   row and the result are committed once the UPDATE returns; on SQLite and MariaDB one
 //!   transaction, so neither is before COMMIT.
 
-#[path = "common/brokers.rs"]
-mod brokers;
-#[path = "common/child.rs"]
-mod child;
-mod common;
+use crate::brokers;
+use crate::child;
+use crate::common;
 
 use brokers::Db;
 use child::{ChildProcess, report};
@@ -266,7 +264,7 @@ macro_rules! backend {
                     ("IDEM_CRASH_SCENARIO", scenario.to_owned()),
                     ("IDEM_CRASH_POINT", point.name().to_owned()),
                 ];
-                let mut child = ChildProcess::spawn("crash_child", &env, &[]);
+                let mut child = ChildProcess::spawn("crashes::crash_child", &env, &[]);
                 let child_process: i64 = child
                     .step("process ")
                     .await

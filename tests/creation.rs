@@ -5,7 +5,7 @@
 //! the caller's transaction, with 32 concurrent creations of one key and concurrent
 //! conflicting ones.
 
-mod common;
+use crate::common;
 
 use idem::testing::assert_applied_once;
 use idem::{Creation, Error, KeyError, Outcome, RowProblem, StateMachine};

@@ -1,9 +1,8 @@
 //! `idem::enforce`: once installed, the database itself refuses an undeclared state and an
 //! UPDATE along an undeclared transition, from any writer; idem's own transitions pass.
 
-mod common;
-#[path = "common/order.rs"]
-mod order;
+use crate::common;
+use crate::order;
 
 use idem::Outcome;
 use order::Order;

@@ -6,9 +6,8 @@
 //! copies of an event; and a model-based test of random out-of-order, duplicated streams
 //! (failures kept in `tests/event_streams.regressions`).
 
-mod common;
-#[path = "common/harness.rs"]
-mod harness;
+use crate::common;
+use crate::harness;
 
 use harness::{Harness, config, harness};
 use idem::testing::assert_applied_once;

@@ -3,7 +3,7 @@
 //! call fails with a clear error, nothing of it is left in the database, and a retry
 //! applies once.
 
-mod common;
+use crate::common;
 
 use idem::{Error, Outcome, StateMachine};
 use std::time::Duration;

@@ -2,9 +2,8 @@
 //! and on PostgreSQL: every status it answers, races of one key, principals, the storage
 //! policy, bounded bodies, a transition route, retention.
 
-mod common;
-#[path = "common/http_client.rs"]
-mod http_client;
+use crate::common;
+use crate::http_client;
 
 use axum::Router;
 use axum::extract::{Path, State};

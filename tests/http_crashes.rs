@@ -16,13 +16,9 @@
 //! The child is this test binary running only its ignored test [`http_crash_child`]; its
 //! fault hook blocks at the point under test until the parent kills it (no timing).
 
-#[path = "common/brokers.rs"]
-mod brokers;
-#[path = "common/child.rs"]
-mod child;
-mod common;
-#[path = "common/http_client.rs"]
-mod http_client;
+use crate::brokers;
+use crate::child;
+use crate::http_client;
 
 use axum::Router;
 use axum::extract::State;
@@ -175,7 +171,7 @@ async fn crash(db: Option<Db>, path: &'static str, point: FaultPoint) {
         ("IDEM_HTTP_CRASH_DB", db.spec()),
         ("IDEM_HTTP_CRASH_POINT", point.name().to_owned()),
     ];
-    let mut child = ChildProcess::spawn("http_crash_child", &env, &[]);
+    let mut child = ChildProcess::spawn("http_crashes::http_crash_child", &env, &[]);
     let child_process: i64 = child.step("process ").await["process ".len()..]
         .parse()
         .unwrap();

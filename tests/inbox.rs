@@ -1,7 +1,7 @@
 //! The inbox on real databases: duplicates absorbed with the first result, conflicts
 //! refused, rollbacks redelivered, leases taken over, dead letters parked, retention.
 
-mod common;
+use crate::common;
 
 use idem::Error;
 use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey, Received};

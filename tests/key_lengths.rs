@@ -2,7 +2,7 @@
 //! backend: `Error::InvalidKey`, the body not run, nothing written. On MySQL outside strict
 //! mode nothing is truncated either, so two long keys never collide.
 
-mod common;
+use crate::common;
 
 use idem::{Error, Outcome, StateMachine};
 

@@ -1,7 +1,7 @@
 //! Keys as users have them: `uuid::Uuid` bound natively (a PostgreSQL `uuid` column; on
 //! SQLite, the blob sqlx stores), and integer keys of every width.
 
-mod common;
+use crate::common;
 
 use idem::{Outcome, StateMachine};
 use uuid::Uuid;

@@ -2,7 +2,7 @@
 //! to), give the tables `idem::migrate` gives: a delivery and a transition work on them,
 //! applying them twice changes nothing, and `idem::migrate` afterwards finds nothing to do.
 
-mod common;
+use crate::common;
 
 use idem::inbox::{Delivery, Inbox, MessageKey, Received};
 use sqlx::migrate::Migrator;

@@ -5,9 +5,7 @@
 //! Runs when `IDEM_TEST_NATS_URL` is set (see `common/brokers.rs`); each test makes its own
 //! stream and deletes it afterwards.
 
-#[path = "common/brokers.rs"]
-mod brokers;
-mod common;
+use crate::brokers;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};

@@ -3,7 +3,7 @@
 //! records stuck past their lease. A real subscriber and a real recorder, written here,
 //! receive them from a real SQLite database.
 
-mod common;
+use crate::common;
 
 use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey};
 use idem::{Outcome, StateMachine};

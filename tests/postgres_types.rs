@@ -1,7 +1,7 @@
 //! PostgreSQL column types users have: a state column of an ENUM type (and `varchar`),
 //! in both of idem's classification forms.
 
-mod common;
+use crate::common;
 
 use idem::{Classification, Outcome, StateMachine};
 use sqlx::{PgPool, Postgres, Transaction};

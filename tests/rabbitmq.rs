@@ -8,11 +8,8 @@
 //! The consumer process of the crash tests is this test binary itself, running only its
 //! ignored test [`consumer_process`]: no extra binary target, nothing for `cargo install`.
 
-#[path = "common/brokers.rs"]
-mod brokers;
-#[path = "common/child.rs"]
-mod child;
-mod common;
+use crate::brokers;
+use crate::child;
 
 use brokers::{Db, Pause, amqp_url, cleanup_after, outcome_name, unique};
 use child::{ChildProcess, report};
@@ -223,7 +220,7 @@ fn spawn_consumer(
     if let Some(point) = crash_point {
         env.push(("IDEM_CRASH_POINT", point.to_owned()));
     }
-    ChildProcess::spawn("consumer_process", &env, &["IDEM_CRASH_POINT"])
+    ChildProcess::spawn("rabbitmq::consumer_process", &env, &["IDEM_CRASH_POINT"])
 }
 
 /// One message; a consumer process killed at `crash_point`; a new consumer process.

@@ -3,7 +3,7 @@
 //! still sees the row in `from` in its snapshot. The loser must come out as a duplicate
 //! with the winner's result, never as an illegal state and never as a second application.
 
-mod common;
+use crate::common;
 
 use idem::{Outcome, StateMachine};
 use std::time::Duration;

@@ -247,7 +247,7 @@ fn migrations_create_the_results_table_the_derive_describes() {
 
 /// The README's picture of the order machine is the one the derive draws, in a grey that
 /// reads on light and dark pages (in rustdoc it takes the text's colour)
-/// (`IDEM_BLESS=1 cargo test -p idem --test readme` rewrites it after a reviewed change).
+/// (`IDEM_BLESS=1 cargo test -p idem --test suite -- readme::` rewrites it after a reviewed change).
 #[test]
 fn readme_shows_the_machine_as_drawn() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/order-machine.svg");

@@ -8,7 +8,7 @@
 //! explains, so at least one must lose. After the retries the balances are exactly 1..=8,
 //! one per order: what some serial order of the payments would have produced.
 
-mod common;
+use crate::common;
 
 use idem::{Outcome, StateMachine};
 use sqlx::{PgPool, Postgres, Transaction};

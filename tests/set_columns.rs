@@ -4,9 +4,8 @@
 //! before any statement, values the column's type refuses refused by the database, and
 //! nothing written either way.
 
-mod common;
-#[path = "common/order.rs"]
-mod order;
+use crate::common;
+use crate::order;
 
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{ColumnProblem, Error, Outcome, Refusal};

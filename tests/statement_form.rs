@@ -5,9 +5,8 @@
 //! and PostgreSQL, from a pool and inside the caller's transaction, and under 32
 //! concurrent duplicates.
 
-mod common;
-#[path = "common/order.rs"]
-mod order;
+use crate::common;
+use crate::order;
 
 use idem::testing::assert_applied_once;
 use idem::{Error, Outcome};

@@ -1,9 +1,8 @@
 //! `idem::testing` on real databases: the helpers pass idempotent handlers, and fail —
 //! with the answers in the message — on handlers that are not.
 
-mod common;
-#[path = "common/order.rs"]
-mod order;
+use crate::common;
+use crate::order;
 
 use idem::Outcome;
 use idem::inbox::{Delivery, Inbox, MessageKey};

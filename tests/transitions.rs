@@ -1,6 +1,6 @@
 //! Every outcome, rollback and retry, the version guard and bad rows, on every backend.
 
-mod common;
+use crate::common;
 
 use idem::{Error, Outcome, RowProblem, StateMachine};
 use serde::{Deserialize, Serialize};

@@ -1,9 +1,8 @@
 //! `idem::verify` against real databases: a matching schema passes; every kind of mismatch
 //! is reported, all of them in one report.
 
-mod common;
-#[path = "common/order.rs"]
-mod order;
+use crate::common;
+use crate::order;
 
 use idem::{ColumnRole, SchemaProblem, StateMachine};
 use order::Order;

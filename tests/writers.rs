@@ -1,7 +1,7 @@
 //! The SQLite writer queue: one queue per database file however it is named or pooled, and
 //! never a writer waiting for itself.
 
-mod common;
+use crate::common;
 
 use idem::inbox::{Inbox, MessageKey, Received};
 use idem::{Error, Outcome, StateMachine};

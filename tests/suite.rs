@@ -1,0 +1,48 @@
+//! The integration tests, one module a file, linked into one binary: the dependency tree is
+//! linked once instead of once per file. `tests/model.rs` (it installs a panic hook and the
+//! fault hook for its whole process), `tests/statements.rs` (a global tracing subscriber
+//! logs every statement) and `tests/ui.rs` (trybuild) stay binaries of their own.
+//!
+//! One file's tests: `cargo test -p idem --test suite -- http::` (its module's name).
+
+#[path = "common/brokers.rs"]
+mod brokers;
+#[path = "common/child.rs"]
+mod child;
+mod common;
+#[path = "common/harness.rs"]
+mod harness;
+#[path = "common/http_client.rs"]
+mod http_client;
+#[path = "common/order.rs"]
+mod order;
+
+mod clocks;
+mod composite_keys;
+mod composition;
+mod concurrency;
+mod consumer_handlers;
+mod crashes;
+mod creation;
+mod enforce;
+mod event_streams;
+mod faults;
+mod http;
+mod http_crashes;
+mod inbox;
+mod key_lengths;
+mod keys;
+mod migrations;
+mod nats;
+mod observability;
+mod postgres_types;
+mod rabbitmq;
+mod races;
+mod readme;
+mod serializable;
+mod set_columns;
+mod statement_form;
+mod testing;
+mod transitions;
+mod verify;
+mod writers;
