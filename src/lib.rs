@@ -107,6 +107,8 @@
 #![warn(missing_docs)]
 
 pub use idem_macros::{StateMachine, idempotent};
+
+pub mod guide;
 pub use idem_runtime::*;
 
 #[doc(hidden)]

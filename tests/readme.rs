@@ -282,7 +282,12 @@ fn readme_shows_the_enforcing_sql() {
 /// points into `tests/ui/fail/` is a message of that file's `.stderr`, as rustc prints it.
 #[test]
 fn readme_quotes_the_compile_errors_as_pinned() {
-    let readme = include_str!("../README.md");
+    // The README and the guide's pages.
+    let readme = [
+        include_str!("../README.md"),
+        include_str!("../docs/guide/http.md"),
+    ]
+    .concat();
     let mut quoted = 0;
     for block in readme
         .split("```text\n")
