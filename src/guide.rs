@@ -4,6 +4,10 @@
 //!
 //! - [`inbox`]: message consumers, exactly-once effects from at-least-once brokers.
 //! - [`http`]: idempotent HTTP requests, the `Idempotency-Key` layer (feature `http`).
+//! - [`observability`]: the span of every call, and its counters (feature `metrics`).
+//! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
+//!   letting the database enforce the machine.
+//! - [`testing`]: testing your own handlers (feature `testing`).
 //!
 //! The pages are Markdown files in the repository's `docs/guide/`.
 
@@ -12,3 +16,12 @@ pub mod inbox {}
 
 #[doc = include_str!("../docs/guide/http.md")]
 pub mod http {}
+
+#[doc = include_str!("../docs/guide/observability.md")]
+pub mod observability {}
+
+#[doc = include_str!("../docs/guide/schema.md")]
+pub mod schema {}
+
+#[doc = include_str!("../docs/guide/testing.md")]
+pub mod testing {}
