@@ -4,13 +4,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Where the inbox reads the time for leases and retention.
+/// A clock that replaces the database's for an inbox's leases and retention
+/// ([`Inbox::clock`](super::Inbox::clock)): by default the database's clock decides, in the
+/// statement that decides; a `Clock` is for tests ([`ManualClock`]).
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_millis(&self) -> i64;
 }
 
-/// The system clock (the default).
+/// This instance's system clock. Not the default: given to
+/// [`Inbox::clock`](super::Inbox::clock) it makes this instance's clock decide leases and
+/// retention instead of the database's, so instances whose clocks disagree disagree on them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
