@@ -87,8 +87,8 @@ macro_rules! verify_tests {
                 assert!(text.contains("`orders`: states the machine does not declare in `status`, in 4 rows: \"SHIPED\" (3 rows), \"created\" (1 row); declare them or correct the rows"), "{text}");
                 assert_eq!(text.lines().count(), 4, "one line per problem: {text}");
                 assert!(
-                    include_str!("../README.md").contains(&format!("```text\n{text}\n```")),
-                    "README.md shows this report as it reads:\n{text}"
+                    include_str!("../docs/guide/schema.md").contains(&format!("```text\n{text}\n```")),
+                    "docs/guide/schema.md shows this report as it reads:\n{text}"
                 );
             }
 
