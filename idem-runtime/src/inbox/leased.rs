@@ -159,7 +159,7 @@ impl<T> ClaimPlan<'_, T> {
         let inbox = self.inbox;
         // The database's time (or a test clock's), read once: the claim reports when its
         // lease ends, and every statement of the claim judges by the same time.
-        let now = inbox.now_in::<DB>(tx).await?;
+        let now = inbox.now_in::<DB>(tx, self.key).await?;
         let lease = inbox.lease_millis();
         let lease_until = now.saturating_add(lease);
         let (group, message) = (Param::Text(&inbox.group), Param::Text(self.key.as_str()));
@@ -355,7 +355,7 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
         _: Entry,
     ) -> Result<Entered<Extended>, Error<Infallible>> {
         let lease = self.lease;
-        let now = lease.inbox.now_in::<DB>(tx).await?;
+        let now = lease.inbox.now_in::<DB>(tx, &lease.key).await?;
         let until = now.saturating_add(millis(self.by));
         let params = [
             Param::Text(&lease.inbox.group),

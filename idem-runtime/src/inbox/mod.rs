@@ -274,6 +274,7 @@ impl Inbox {
     pub(crate) async fn now_in<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
+        key: &MessageKey,
     ) -> Result<i64, Error<Infallible>> {
         if let Some(clock) = &self.clock {
             return Ok(clock.now_millis());
@@ -282,11 +283,7 @@ impl Inbox {
         DB::fetch(conn, statement, &[Param::Null])
             .await?
             .and_then(|row| row.int("now"))
-            .ok_or_else(|| Error::CorruptRecord {
-                group: self.group.clone(),
-                key: String::new(),
-                problem: "the database returned no time".into(),
-            })
+            .ok_or_else(|| self.corrupt(key, "the database returned no time"))
     }
 
     /// The lease, in milliseconds.
