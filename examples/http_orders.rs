@@ -11,7 +11,8 @@
 //! cargo run -p idem --example http_orders -- --listen 127.0.0.1:8080
 //! ```
 //!
-//! Then, from another terminal (the README shows these with their answers):
+//! Then, from another terminal (the guide's HTTP page, `idem::guide::http`, shows these with
+//! their answers):
 //!
 //! ```text
 //! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: "order-1"' \

@@ -1,15 +1,25 @@
 //! The guide: idem in depth, a page a topic. Every Rust block of every page is compiled (and,
-//! unless it needs a server, run) as a doc test, so none drifts from the API; the README is the
-//! landing page that links here.
+//! unless it needs a server, run) as a doc test, and every SQL block is compared with what idem
+//! generates, so none drifts from the code; the README is the landing page that links here.
 //!
+//! - [`transitions`]: transitions and keys — the machine, the handler, keys, `set(…)`, the
+//!   one-statement form, watermarks, creations, your own transaction, conflicts, compile errors.
+//! - [`sql`]: the SQL reference — every statement each form sends, on each backend.
 //! - [`inbox`]: message consumers, exactly-once effects from at-least-once brokers.
 //! - [`http`]: idempotent HTTP requests, the `Idempotency-Key` layer (feature `http`).
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.
 //! - [`testing`]: testing your own handlers (feature `testing`).
+//! - [`proofs`]: what idem's own tests prove, on which databases and brokers.
 //!
 //! The pages are Markdown files in the repository's `docs/guide/`.
+
+#[doc = include_str!("../docs/guide/transitions.md")]
+pub mod transitions {}
+
+#[doc = include_str!("../docs/guide/sql.md")]
+pub mod sql {}
 
 #[doc = include_str!("../docs/guide/inbox.md")]
 pub mod inbox {}
@@ -25,3 +35,11 @@ pub mod schema {}
 
 #[doc = include_str!("../docs/guide/testing.md")]
 pub mod testing {}
+
+#[doc = include_str!("../docs/guide/proofs.md")]
+pub mod proofs {}
+
+/// The README's Rust blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct Readme;

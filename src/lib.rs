@@ -84,24 +84,17 @@
 //!
 //! After `BEGIN` (`BEGIN IMMEDIATE` on SQLite), one conditional `UPDATE` and, only when it
 //! matched nothing, a classifying `SELECT` that reads the row and the stored first result.
-//! On PostgreSQL, while most recent calls of a transition miss (duplicates), one statement
-//! does both (see [`Classification`]). The exact text is on the machine's
-//! [`Definition::sql`] and in the rustdoc the derive writes on the enum.
+//! The exact text is on the machine's [`Definition::sql`], in the rustdoc the derive writes
+//! on the enum, and in the guide's [SQL reference](guide::sql).
 //!
-//! ## More than a state column
+//! ## The guide
 //!
-//! - `set(paid_at = now(), amount = "amount_cents")` sets columns in the same conditional
-//!   UPDATE, from parameters ([`ToColumn`]) and the database's clock.
-//! - A handler whose first parameter is a pool (`pool: &PgPool`) takes no transaction: its
-//!   body runs first, and the transition and its stored result are one autocommit
-//!   statement on PostgreSQL.
-//! - `watermark = "event"` applies an event stream: `WHERE version < $event`,
-//!   `SET version = $event`; an older event is [`Outcome::Superseded`].
-//! - `create = "CREATED"` creates the row under the client's key with one atomic insert:
-//!   [`Creation`] tells a retry (`Duplicate`, the first result replayed) from another
-//!   request under the same key (`Conflict`).
-//!
-//! The README shows each, with its SQL.
+//! Everything else is in [`guide`], a page a topic: [transitions and keys](guide::transitions)
+//! (columns set by the move, the one-statement form, watermarks, creations, your own
+//! transaction), the [SQL reference](guide::sql), [message consumers](guide::inbox),
+//! [HTTP APIs](guide::http), [observability](guide::observability),
+//! [bad data and schema checks](guide::schema), [testing your handlers](guide::testing), and
+//! [what the tests prove](guide::proofs).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,4 +1,37 @@
-//! The SQL the README shows is the SQL idem generates for the README's machine.
+//! The SQL the README and the guide show is the SQL idem generates: each statement a page
+//! names is checked where it is shown, and every SQL block of every page must be a generated
+//! statement or an excerpt of a shipped migration.
+
+/// A page of the docs, by its path in the repository.
+macro_rules! page {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../", $path)))
+    };
+}
+
+/// The README and the guide's pages.
+const PAGES: [(&str, &str); 9] = [
+    page!("README.md"),
+    page!("docs/guide/transitions.md"),
+    page!("docs/guide/sql.md"),
+    page!("docs/guide/inbox.md"),
+    page!("docs/guide/http.md"),
+    page!("docs/guide/observability.md"),
+    page!("docs/guide/schema.md"),
+    page!("docs/guide/testing.md"),
+    page!("docs/guide/proofs.md"),
+];
+
+const README: &str = PAGES[0].1;
+const SQL_PAGE: &str = PAGES[2].1;
+
+/// The ```lang blocks of a page.
+fn blocks<'a>(page: &'a str, lang: &str) -> Vec<&'a str> {
+    page.split(&format!("```{lang}\n"))
+        .skip(1)
+        .map(|rest| rest.split("\n```").next().unwrap())
+        .collect()
+}
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(
@@ -20,13 +53,24 @@ enum Order {
 
 #[test]
 fn readme_shows_the_generated_sql() {
-    let readme = include_str!("../README.md");
-    let blocks: Vec<&str> = readme
-        .split("```sql\n")
-        .skip(1)
-        .map(|rest| rest.split("\n```").next().unwrap())
-        .collect();
     let sql = Order::IDEM_SQL;
+    // The README: the transition's UPDATE and its classifying read.
+    let shown = blocks(README, "sql");
+    for (what, statement) in [
+        ("transition", sql.of(idem::Dialect::Postgres).update),
+        ("classification", sql.of(idem::Dialect::Sqlite).classify),
+    ] {
+        assert!(
+            shown.contains(&statement),
+            "README.md does not show the {what} as generated:\n{statement}"
+        );
+    }
+    assert_eq!(
+        sql.of(idem::Dialect::Sqlite).classify,
+        sql.of(idem::Dialect::Postgres).classify
+    );
+    // The SQL reference: every statement of a transition.
+    let reference = blocks(SQL_PAGE, "sql");
     for (what, statement) in [
         (
             "PostgreSQL transition",
@@ -51,15 +95,15 @@ fn readme_shows_the_generated_sql() {
         ),
     ] {
         assert!(
-            blocks.contains(&statement),
-            "README.md does not show the {what} as generated:\n{statement}"
+            reference.contains(&statement),
+            "docs/guide/sql.md does not show the {what} as generated:\n{statement}"
         );
     }
     assert_eq!(
         sql.of(idem::Dialect::Postgres).store_result,
         sql.of(idem::Dialect::Sqlite).store_result
     );
-    // SQLite's transition is that UPDATE with its own increment, which the README shows.
+    // SQLite's transition is that UPDATE with its own increment, which the reference shows.
     let sqlite = sql.of(idem::Dialect::Sqlite).transition;
     let increment = sqlite
         .split("\"version\" = ")
@@ -68,8 +112,8 @@ fn readme_shows_the_generated_sql() {
         .unwrap();
     assert!(increment.starts_with("CASE"), "{sqlite}");
     assert!(
-        readme.contains(&format!("`{increment}`")),
-        "README.md does not show SQLite's increment as generated:\n{increment}"
+        SQL_PAGE.contains(&format!("`{increment}`")),
+        "docs/guide/sql.md does not show SQLite's increment as generated:\n{increment}"
     );
     assert_eq!(
         sqlite.replace(increment, "\"version\" + 1"),
@@ -79,8 +123,8 @@ fn readme_shows_the_generated_sql() {
     let mysql = sql.of(idem::Dialect::MySql);
     let classify = idem_sql::placeholder::positional(mysql.classify).text;
     assert!(
-        blocks.contains(&&*classify),
-        "README.md does not show MySQL's classifying read as sent:\n{classify}"
+        reference.contains(&&*classify),
+        "docs/guide/sql.md does not show MySQL's classifying read as sent:\n{classify}"
     );
     let upsert = "ON DUPLICATE KEY UPDATE result = VALUES(result)";
     assert!(
@@ -89,8 +133,8 @@ fn readme_shows_the_generated_sql() {
         mysql.store_result
     );
     assert!(
-        readme.contains(upsert),
-        "README.md names MySQL's result upsert"
+        SQL_PAGE.contains(upsert),
+        "docs/guide/sql.md names MySQL's result upsert"
     );
 }
 
@@ -103,13 +147,11 @@ enum TenantOrder {
     Paid,
 }
 
-/// The README's `set(paid_at = now(), amount = "amount_cents")` handler, built as the
-/// runtime builds it.
-#[test]
-fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
+/// The guide's `set(paid_at = now(), amount = "amount_cents")` handler's UPDATE, built as
+/// the runtime builds it.
+fn set_columns_update() -> String {
     use idem::Machine;
     use idem_sql::transition::{Assignment, Names, SetTo, postgres};
-    let readme = include_str!("../README.md");
     let d = Order::DEFINITION;
     let names = Names {
         table: d.table,
@@ -128,12 +170,21 @@ fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
             value: SetTo::Bound,
         },
     ];
-    let update = postgres(&names, &set).update;
+    postgres(&names, &set).update.to_owned()
+}
+
+#[test]
+fn readme_shows_the_sql_of_a_handler_that_sets_columns() {
+    let update = set_columns_update();
     assert!(
-        readme.contains(&format!("```sql\n{update}\n```")),
-        "README.md does not show the UPDATE with columns set as generated:\n{update}"
+        SQL_PAGE.contains(&format!("```sql\n{update}\n```")),
+        "docs/guide/sql.md does not show the UPDATE with columns set as generated:\n{update}"
     );
-    assert!(readme.contains("set(paid_at = now(), amount = \"amount_cents\"))]"));
+    assert!(
+        PAGES[1]
+            .1
+            .contains("set(paid_at = now(), amount = \"amount_cents\"))]")
+    );
 }
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,19 +198,17 @@ enum Account {
 
 #[test]
 fn readme_shows_the_watermark_sql() {
-    let readme = include_str!("../README.md");
+    let page = SQL_PAGE;
     let update = Account::IDEM_SQL.of(idem::Dialect::Sqlite).update_watermark;
     assert!(
-        readme.contains(&format!("```sql\n{update}\n```")),
-        "README.md does not show the watermark UPDATE as generated:\n{update}"
+        page.contains(&format!("```sql\n{update}\n```")),
+        "docs/guide/sql.md does not show the watermark UPDATE as generated:\n{update}"
     );
 }
 
-/// The README's `create_order`, built as the runtime builds it.
-#[test]
-fn readme_shows_the_creation_sql() {
+/// The guide's `create_order`'s INSERT, built as the runtime builds it.
+fn creation_insert() -> String {
     use idem_sql::transition::{Assignment, Names, SetTo, sqlite};
-    let readme = include_str!("../README.md");
     let names = Names {
         table: "pay_orders",
         key: &["out_trade_no"],
@@ -179,20 +228,115 @@ fn readme_shows_the_creation_sql() {
             value: SetTo::Now,
         },
     ];
-    let create = sqlite(&names, &set).create;
+    sqlite(&names, &set).create.to_owned()
+}
+
+#[test]
+fn readme_shows_the_creation_sql() {
+    let create = creation_insert();
     assert!(
-        readme.contains(&format!("```sql\n{create}\n```")),
-        "README.md does not show the creation INSERT as generated:\n{create}"
+        SQL_PAGE.contains(&format!("```sql\n{create}\n```")),
+        "docs/guide/sql.md does not show the creation INSERT as generated:\n{create}"
     );
+}
+
+/// Every statement of a machine, on every backend (MySQL's also as sent, with `?`).
+fn statements_of(sql: &idem::MachineSql) -> Vec<String> {
+    let mut all = Vec::new();
+    for dialect in [
+        idem::Dialect::Postgres,
+        idem::Dialect::Sqlite,
+        idem::Dialect::MySql,
+    ] {
+        let s = sql.of(dialect);
+        for statement in [
+            s.transition,
+            s.transition_guarded,
+            s.transition_storing,
+            s.transition_storing_guarded,
+            s.transition_watermark,
+            s.transition_storing_watermark,
+            s.update_watermark,
+            s.update,
+            s.update_guarded,
+            s.classify,
+            s.classify_unlocked,
+            s.store_result,
+            s.create_results_table,
+            s.create,
+            s.classify_created,
+            s.create_storing,
+            s.enforce,
+        ] {
+            all.push(statement.to_owned());
+            if dialect == idem::Dialect::MySql {
+                all.push(
+                    idem_sql::placeholder::positional(statement)
+                        .text
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    all
+}
+
+/// A migration's statements without its comments, one per `;`.
+fn migration_statements(migration: &str) -> Vec<String> {
+    let text: String = migration
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    text.split(';')
+        .map(|statement| statement.trim().to_owned())
+        .filter(|statement| !statement.is_empty())
+        .collect()
+}
+
+/// No page shows SQL that idem does not generate or ship: every ```sql block of the README
+/// and the guide is a statement the machines here generate, or statements of a migration.
+#[test]
+fn every_sql_block_shown_is_generated() {
+    let mut generated = statements_of(&Order::IDEM_SQL);
+    generated.extend(statements_of(&TenantOrder::IDEM_SQL));
+    generated.extend(statements_of(&Account::IDEM_SQL));
+    generated.push(set_columns_update());
+    generated.push(creation_insert());
+    let migrated: Vec<String> = [
+        idem::inbox::POSTGRES_MIGRATION,
+        idem::inbox::SQLITE_MIGRATION,
+        idem::inbox::MYSQL_MIGRATION,
+    ]
+    .into_iter()
+    .flat_map(migration_statements)
+    .collect();
+    let mut checked = 0;
+    for (name, page) in PAGES {
+        for block in blocks(page, "sql") {
+            let known = generated.iter().any(|statement| statement == block)
+                || block
+                    .split(';')
+                    .map(str::trim)
+                    .filter(|statement| !statement.is_empty())
+                    .all(|statement| migrated.iter().any(|m| m == statement));
+            assert!(
+                known,
+                "{name} shows SQL that idem neither generates nor ships:\n{block}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 14, "the docs show {checked} SQL blocks");
 }
 
 #[test]
 fn readme_shows_the_composite_key_sql() {
-    let readme = include_str!("../README.md");
+    let page = SQL_PAGE;
     let update = TenantOrder::IDEM_SQL.of(idem::Dialect::Postgres).update;
     assert!(
-        readme.contains(&format!("```sql\n{update}\n```")),
-        "README.md does not show the composite-key UPDATE as generated:\n{update}"
+        page.contains(&format!("```sql\n{update}\n```")),
+        "docs/guide/sql.md does not show the composite-key UPDATE as generated:\n{update}"
     );
 }
 
@@ -262,9 +406,8 @@ fn readme_shows_the_machine_as_drawn() {
         drawn,
         "docs/order-machine.svg differs from the drawing of the README's machine"
     );
-    let readme = include_str!("../README.md");
     assert!(
-        readme.contains("](docs/order-machine.svg)"),
+        README.contains("](docs/order-machine.svg)"),
         "README.md shows the picture"
     );
 }
@@ -280,24 +423,13 @@ fn readme_shows_the_enforcing_sql() {
     );
 }
 
-/// The compile errors the README quotes are the ones trybuild pins: each ```text block that
+/// The compile errors the docs quote are the ones trybuild pins: each ```text block that
 /// points into `tests/ui/fail/` is a message of that file's `.stderr`, as rustc prints it.
 #[test]
 fn readme_quotes_the_compile_errors_as_pinned() {
-    // The README and the guide's pages.
-    let readme = [
-        include_str!("../README.md"),
-        include_str!("../docs/guide/inbox.md"),
-        include_str!("../docs/guide/http.md"),
-        include_str!("../docs/guide/schema.md"),
-    ]
-    .concat();
+    let readme: String = PAGES.iter().map(|(_, page)| *page).collect();
     let mut quoted = 0;
-    for block in readme
-        .split("```text\n")
-        .skip(1)
-        .map(|rest| rest.split("\n```").next().unwrap())
-    {
+    for block in blocks(&readme, "text") {
         let Some(path) = block
             .lines()
             .find_map(|line| line.trim_start().strip_prefix("--> tests/ui/fail/"))
@@ -306,12 +438,12 @@ fn readme_quotes_the_compile_errors_as_pinned() {
         };
         let file = path.split(':').next().unwrap().replace(".rs", ".stderr");
         let pinned = std::fs::read_to_string(format!("tests/ui/fail/{file}"))
-            .unwrap_or_else(|e| panic!("README.md quotes tests/ui/fail/{file}: {e}"));
+            .unwrap_or_else(|e| panic!("the docs quote tests/ui/fail/{file}: {e}"));
         assert!(
             pinned.contains(block),
-            "README.md quotes a message of tests/ui/fail/{file} that it does not pin:\n{block}"
+            "the docs quote a message of tests/ui/fail/{file} that it does not pin:\n{block}"
         );
         quoted += 1;
     }
-    assert!(quoted >= 3, "README.md quotes {quoted} compile errors");
+    assert!(quoted >= 3, "the docs quote {quoted} compile errors");
 }
