@@ -25,6 +25,9 @@
 //! `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_SQLITE=0` skips SQLite;
 //! `IDEM_BENCH_ROUTES=idem` runs only some routes (and `by-hand`, the baseline).
 
+#[path = "support/chart.rs"]
+mod chart;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -441,7 +444,12 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
         Db::Sqlite(_) => || 0.0,
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let routes: Vec<usize> = (0..ROUTES.len())
+        .filter(|&i| selected(i) && i != BASELINE)
+        .collect();
     for (workload, sends) in [("every key once", 1), ("every key twice", 2)] {
+        // The chart: per clients, each route's ratio to by-hand.
+        let mut groups = Vec::new();
         for clients in [1, 8, 32] {
             let mut runs: Vec<Vec<Run>> = ROUTES.iter().map(|_| Vec::new()).collect();
             let mut duplicates = [0i64; ROUTES.len()];
@@ -483,7 +491,39 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                     if ok { "" } else { " (unexpected statuses)" }
                 );
             }
+            groups.push(chart::Group {
+                name: format!("{clients} clients"),
+                bars: routes
+                    .iter()
+                    .map(|&i| {
+                        let ratios: Vec<f64> = (0..rounds)
+                            .map(|r| {
+                                runs[i][r].requests_per_second
+                                    / runs[BASELINE][r].requests_per_second
+                            })
+                            .collect();
+                        let (low, high) = ratios
+                            .iter()
+                            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                        Some(chart::Bar {
+                            median: median(ratios),
+                            low,
+                            high,
+                        })
+                    })
+                    .collect(),
+            });
         }
+        let names: Vec<&str> = routes.iter().map(|&i| ROUTES[i]).collect();
+        let svg = chart::bars(
+            &format!("{name}: {workload}"),
+            "requests/s / by-hand key table",
+            &names,
+            &groups,
+            1.0,
+        );
+        let db = chart::slug(name.split(' ').next().unwrap_or(name));
+        chart::write(&format!("http-{db}-{}", chart::slug(workload)), &svg);
     }
 }
 

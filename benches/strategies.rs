@@ -22,6 +22,9 @@ mod statement_log;
 #[path = "support/formatting.rs"]
 mod formatting;
 
+#[path = "support/chart.rs"]
+mod chart;
+
 use idem::StateMachine;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -132,6 +135,14 @@ enum Workload {
 }
 
 impl Workload {
+    /// For file names.
+    fn short(self) -> &'static str {
+        match self {
+            Workload::Unique => "unique",
+            Workload::Duplicates => "duplicates",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Workload::Unique => "every key once",
@@ -834,6 +845,112 @@ fn report(
         let s = statements[&strategy];
         println!("- {}: {:.2} / {:.2}", strategy.name(), s.first, s.duplicate);
     }
+    draw(backend, strategies, results);
+}
+
+/// The charts of one backend: throughput against concurrency, a line per strategy, for each
+/// workload; and the forms without a transaction against the hand-written limit.
+fn draw(backend: &str, strategies: &[Strategy], results: &Results) {
+    let tasks: Vec<String> = TASKS.iter().map(|t| t.to_string()).collect();
+    // The ways to make a handler idempotent, side by side; idem's variants are in the
+    // second chart and the tables.
+    let ways: Vec<Strategy> = [
+        Strategy::Idem,
+        Strategy::IdemStored,
+        Strategy::HandWritten,
+        Strategy::CheckThenAct,
+        Strategy::ForUpdate,
+        Strategy::DedupTable,
+    ]
+    .into_iter()
+    .filter(|s| strategies.contains(s))
+    .collect();
+    for workload in WORKLOADS {
+        let series: Vec<chart::Series> = ways
+            .iter()
+            .map(|&strategy| chart::Series {
+                name: strategy.name().replace('`', ""),
+                values: TASKS
+                    .iter()
+                    .map(|&t| {
+                        let runs = &results[&(workload, t, strategy)];
+                        Some(median(runs.iter().map(|r| r.ops_per_sec).collect()))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let title = format!("{backend}: {}", workload.name());
+        let svg = chart::lines(
+            &title,
+            "concurrent tasks",
+            "operations/s (median)",
+            &tasks,
+            &series,
+        );
+        chart::write(
+            &format!(
+                "strategies-{}-{}",
+                chart::slug(backend),
+                chart::slug(workload.short())
+            ),
+            &svg,
+        );
+    }
+    // One statement against the limit: ratios to the floor, first deliveries.
+    let compared: Vec<Strategy> = [
+        Strategy::IdemOneStatement,
+        Strategy::HandWrittenOneStatement,
+        Strategy::IdemColumnsSet,
+        Strategy::IdemColumnsInBody,
+        Strategy::Idem,
+    ]
+    .into_iter()
+    .filter(|s| strategies.contains(s))
+    .collect();
+    if compared.is_empty() {
+        return;
+    }
+    let groups: Vec<chart::Group> = TASKS
+        .iter()
+        .map(|&t| {
+            let floor = &results[&(Workload::Unique, t, Strategy::HandWritten)];
+            chart::Group {
+                name: if t == 1 {
+                    "1 task".to_owned()
+                } else {
+                    format!("{t} tasks")
+                },
+                bars: compared
+                    .iter()
+                    .map(|&strategy| {
+                        let ratios: Vec<f64> = results[&(Workload::Unique, t, strategy)]
+                            .iter()
+                            .zip(floor)
+                            .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
+                            .collect();
+                        let (low, high) = ratios
+                            .iter()
+                            .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+                        Some(chart::Bar {
+                            median: median(ratios),
+                            low,
+                            high,
+                        })
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let names: Vec<String> = compared.iter().map(|s| s.name().replace('`', "")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let svg = chart::bars(
+        &format!("{backend}: one statement against the limit (every key once)"),
+        "throughput / hand-written transaction",
+        &names,
+        &groups,
+        1.0,
+    );
+    chart::write(&format!("one-statement-{}", chart::slug(backend)), &svg);
 }
 
 /// The cells of one backend, interleaved: in each round, each cell runs every strategy once,
