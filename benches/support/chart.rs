@@ -70,9 +70,7 @@ fn axis(max: f64) -> (f64, f64) {
 }
 
 fn number(value: f64) -> String {
-    if value >= 1000.0 {
-        format!("{value:.0}")
-    } else if value >= 10.0 || value.fract() == 0.0 {
+    if value >= 10.0 || value.fract() == 0.0 {
         format!("{value:.0}")
     } else {
         format!("{value:.2}")
