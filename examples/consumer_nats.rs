@@ -13,13 +13,15 @@
 //! The server needs JetStream (`nats-server -js`). Environment: `NATS_URL`,
 //! `DATABASE_URL` (an SQLite URL).
 
+#[path = "support/ledger.rs"]
+mod ledger;
+
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use idem::inbox::{Inbox, MessageKey, Received};
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
 use std::time::Duration;
 
 const STREAM: &str = "IDEM_EXAMPLE_PAYMENTS";
@@ -34,26 +36,10 @@ struct Payment {
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let arg = |n: usize, var: &str| std::env::args().nth(n).or_else(|| std::env::var(var).ok());
     let nats_url = arg(1, "NATS_URL").unwrap_or_else(|| "nats://127.0.0.1:4222".into());
-    let database_url = match arg(2, "DATABASE_URL") {
-        Some(url) => url,
-        None => {
-            let path = std::env::temp_dir().join("idem-consumer-nats.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            format!("sqlite:{}", path.display())
-        }
-    };
 
     // The database: idem's tables, and the ledger the handler appends to. An INSERT is not
     // idempotent by itself: a second delivery would book the payment twice.
-    let pool = SqlitePool::connect_with(idem::sqlite_options(&database_url)?).await?;
-    idem::migrate(&pool).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS ledger (order_id INTEGER NOT NULL, amount INTEGER NOT NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    let pool = ledger::database(arg(2, "DATABASE_URL"), "idem-consumer-nats.db").await?;
 
     // The broker: a fresh stream and a durable pull consumer.
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
@@ -136,15 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
     }
 
-    let counters = inbox.counters();
-    let (rows, total): (i64, i64) =
-        sqlx::query_as("SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM ledger")
-            .fetch_one(&pool)
-            .await?;
-    println!(
-        "8 deliveries of 5 payments: {} applied, {} duplicates absorbed; ledger: {rows} rows, {total} in total",
-        counters.applied, counters.duplicates
-    );
+    let (rows, total) = ledger::summary(&pool, &inbox).await?;
     js.delete_stream(STREAM).await?;
     assert_eq!(
         (rows, total),

@@ -13,6 +13,9 @@
 //!
 //! Environment: `AMQP_URL`, `DATABASE_URL` (an SQLite URL).
 
+#[path = "support/ledger.rs"]
+mod ledger;
+
 use futures_util::StreamExt;
 use idem::inbox::{Inbox, MessageKey, Received};
 use lapin::options::{
@@ -21,7 +24,6 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use sqlx::SqlitePool;
 use std::time::Duration;
 
 const QUEUE: &str = "idem-example-payments";
@@ -31,26 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let arg = |n: usize, var: &str| std::env::args().nth(n).or_else(|| std::env::var(var).ok());
     let amqp_url =
         arg(1, "AMQP_URL").unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
-    let database_url = match arg(2, "DATABASE_URL") {
-        Some(url) => url,
-        None => {
-            let path = std::env::temp_dir().join("idem-consumer-rabbitmq.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            format!("sqlite:{}", path.display())
-        }
-    };
 
     // The database: idem's tables, and the ledger the handler appends to. An INSERT is not
     // idempotent by itself: a second delivery would book the payment twice.
-    let pool = SqlitePool::connect_with(idem::sqlite_options(&database_url)?).await?;
-    idem::migrate(&pool).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS ledger (order_id INTEGER NOT NULL, amount INTEGER NOT NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    let pool = ledger::database(arg(2, "DATABASE_URL"), "idem-consumer-rabbitmq.db").await?;
 
     // The broker: a fresh queue.
     let connection = Connection::connect(&amqp_url, ConnectionProperties::default()).await?;
@@ -143,15 +129,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
     }
 
-    let counters = inbox.counters();
-    let (rows, total): (i64, i64) =
-        sqlx::query_as("SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM ledger")
-            .fetch_one(&pool)
-            .await?;
-    println!(
-        "8 deliveries of 5 payments: {} applied, {} duplicates absorbed; ledger: {rows} rows, {total} in total",
-        counters.applied, counters.duplicates
-    );
+    let (rows, total) = ledger::summary(&pool, &inbox).await?;
     channel
         .queue_delete(QUEUE.into(), QueueDeleteOptions::default())
         .await?;

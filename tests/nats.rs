@@ -9,13 +9,12 @@ use crate::brokers;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::{self, Context, stream};
-use brokers::{Db, Pause, cleanup_after, nats_url, outcome_name, unique};
+use brokers::{BrokerMessage, Db, Pause, Workers, cleanup_after, nats_url, outcome_name, unique};
 use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
@@ -61,14 +60,44 @@ async fn delete_stream(js: &Context, name: &str) {
     }
 }
 
-async fn publish(js: &Context, subject: String, key: &str, payload: String) {
+/// One test's stream: see [`on_fresh_stream`].
+struct TestStream {
+    js: Context,
+    name: String,
+    /// The subject the test publishes on.
+    subject: String,
+    consumer: PullConsumer,
+}
+
+/// Runs `test` on a fresh stream named after `name`, with its consumer (see
+/// [`stream_and_consumer`]); then deletes the stream, passed or failed. Skipped without
+/// NATS.
+async fn on_fresh_stream<F>(name: &str, ack_wait: Duration, test: impl FnOnce(TestStream) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Some(url) = nats_url() else { return };
+    let js = jetstream(&url).await;
+    let name = unique(name);
+    let consumer = stream_and_consumer(&js, &name, ack_wait).await;
+    let subject = format!("{name}.payments");
+    let body = test(TestStream {
+        js,
+        name: name.clone(),
+        subject,
+        consumer,
+    });
+    let js = jetstream(&url).await;
+    cleanup_after(body, async || delete_stream(&js, &name).await).await;
+}
+
+/// Publishes `payload` under `key`; JetStream's ack is the future returned.
+async fn publish(js: &Context, subject: String, key: &str, payload: String) -> PublishAckFuture {
     let mut headers = HeaderMap::new();
     headers.insert(KEY_HEADER, key);
     js.publish_with_headers(subject, headers, payload.into())
         .await
         .unwrap()
-        .await
-        .unwrap();
 }
 
 fn key_of(message: &jetstream::Message) -> MessageKey {
@@ -76,30 +105,37 @@ fn key_of(message: &jetstream::Message) -> MessageKey {
     MessageKey::new(headers.get(KEY_HEADER).expect("a key header").as_str()).unwrap()
 }
 
-/// Acks a delivery only once its outcome is committed; a delivery turned away while
-/// another one works on the message is nacked with a delay.
-async fn settle(message: &jetstream::Message, delivery: &Delivery<i64>) {
-    if delivery.should_ack() {
-        message.ack().await.unwrap();
-    } else {
-        let nak = AckKind::Nak(Some(Duration::from_millis(200)));
-        message.ack_with(nak).await.unwrap();
+impl BrokerMessage for jetstream::Message {
+    /// The key header, `order:{order}:paid`.
+    fn key_and_order(&self) -> (MessageKey, i64) {
+        let key = key_of(self);
+        let order = key.as_str().split(':').nth(1).unwrap().parse().unwrap();
+        (key, order)
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Acks a delivery only once its outcome is committed; a delivery turned away while
+    /// another one works on the message is nacked with a delay.
+    async fn settle(&self, delivery: &Delivery<i64>) {
+        if delivery.should_ack() {
+            self.ack().await.unwrap();
+        } else {
+            let nak = AckKind::Nak(Some(Duration::from_millis(200)));
+            self.ack_with(nak).await.unwrap();
+        }
     }
 }
 
 /// Consumer info, polled until `done` holds (acks are asynchronous publishes) or 5 s.
 async fn consumer_info_when(
-    consumer: &mut PullConsumer,
+    consumer: &PullConsumer,
     done: impl Fn(&async_nats::jetstream::consumer::Info) -> bool,
 ) -> async_nats::jetstream::consumer::Info {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let info = consumer.info().await.unwrap().clone();
-        if done(&info) || Instant::now() > deadline {
-            return info;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let probe = move || async move { consumer.get_info().await.unwrap() };
+    brokers::poll_until(Duration::from_secs(5), probe, done).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -115,13 +151,18 @@ const WORK: Duration = Duration::from_millis(2500);
 /// and their outcomes, and checks what always holds: the broker did redeliver during the
 /// work, the effect happened once, and the message ends acked.
 async fn consume_slowly(
-    js: &Context,
-    subject: String,
-    mut consumer: PullConsumer,
+    stream: TestStream,
     db: Db,
     inbox: Inbox,
 ) -> (Vec<(Duration, i64)>, Vec<Delivery<i64>>) {
-    publish(js, subject, "order:7:paid", r#"{"order":7}"#.into()).await;
+    let TestStream {
+        js,
+        subject,
+        consumer,
+        ..
+    } = stream;
+    let published = publish(&js, subject, "order:7:paid", r#"{"order":7}"#.into());
+    published.await.await.unwrap();
     let mut messages = consumer.messages().await.unwrap();
     let mut handlers = JoinSet::new();
     let (mut deliveries, mut outcomes) = (Vec::new(), Vec::new());
@@ -141,7 +182,7 @@ async fn consume_slowly(
                         .deliver(&inbox, &key, &message.payload, 7, Pause::Sleep(WORK))
                         .await
                         .unwrap();
-                    settle(&message, &delivery).await;
+                    message.settle(&delivery).await;
                     delivery
                 });
             }
@@ -165,7 +206,7 @@ async fn consume_slowly(
     assert_eq!(inbox.counters().applied, 1);
     // Finally acked: nothing pending, nothing being redelivered, the ack floor at the
     // message.
-    let info = consumer_info_when(&mut consumer, |i| i.num_ack_pending == 0).await;
+    let info = consumer_info_when(&consumer, |i| i.num_ack_pending == 0).await;
     assert_eq!(info.num_ack_pending, 0, "{info:?}");
     assert_eq!(info.num_pending, 0, "{info:?}");
     assert_eq!(info.num_redelivered, 0, "{info:?}");
@@ -177,15 +218,9 @@ async fn consume_slowly(
 /// it. Each redelivery's insert of the inbox record waits for the first transaction, then
 /// finds the record committed and is absorbed as a duplicate with the first result.
 async fn slow_handler_outlives_the_ack_wait(db: Db, name: &str) {
-    let Some(url) = nats_url() else { return };
-    let js = jetstream(&url).await;
-    let stream_name = unique(name);
-    let consumer = stream_and_consumer(&js, &stream_name, ACK_WAIT).await;
-    let subject = format!("{stream_name}.payments");
-    let body = async move {
+    on_fresh_stream(name, ACK_WAIT, |stream| async move {
         let inbox = Inbox::new("nats-slow").unwrap();
-        let (deliveries, outcomes) =
-            consume_slowly(&js, subject, consumer, db, inbox.clone()).await;
+        let (deliveries, outcomes) = consume_slowly(stream, db, inbox.clone()).await;
         // Bounded: about one redelivery per ack wait during the work (2.5 s / 1 s: the
         // deliveries at 0 s, 1 s and 2 s), one more allowed for a loaded machine.
         assert!(deliveries.len() <= 4, "redelivery loop: {deliveries:?}");
@@ -196,9 +231,8 @@ async fn slow_handler_outlives_the_ack_wait(db: Db, name: &str) {
         let duplicates = outcomes.iter().filter(|d| **d == first_result).count();
         assert_eq!(duplicates, outcomes.len() - 1, "{outcomes:?}");
         assert_eq!(inbox.counters().duplicates, duplicates as u64);
-    };
-    let js = jetstream(&url).await;
-    cleanup_after(body, async || delete_stream(&js, &stream_name).await).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,17 +254,11 @@ async fn slow_handler_outlives_the_ack_wait_sqlite() {
 /// redelivers it after that delay, until the first delivery's ack ends it. More
 /// deliveries, but still bounded, still one effect, still acked.
 async fn slow_handler_with_a_lock_timeout(db: Db, name: &str) {
-    let Some(url) = nats_url() else { return };
-    let js = jetstream(&url).await;
-    let stream_name = unique(name);
-    let consumer = stream_and_consumer(&js, &stream_name, ACK_WAIT).await;
-    let subject = format!("{stream_name}.payments");
-    let body = async move {
+    on_fresh_stream(name, ACK_WAIT, |stream| async move {
         let inbox = Inbox::new("nats-slow")
             .unwrap()
             .lock_timeout(Duration::from_millis(300));
-        let (deliveries, outcomes) =
-            consume_slowly(&js, subject, consumer, db, inbox.clone()).await;
+        let (deliveries, outcomes) = consume_slowly(stream, db, inbox.clone()).await;
         let in_progress = outcomes.iter().filter(|d| !d.should_ack()).count();
         assert!(in_progress >= 1, "{outcomes:?}");
         assert_eq!(inbox.counters().in_progress, in_progress as u64);
@@ -245,9 +273,8 @@ async fn slow_handler_with_a_lock_timeout(db: Db, name: &str) {
             outcomes.len(),
             "{outcomes:?}"
         );
-    };
-    let js = jetstream(&url).await;
-    cleanup_after(body, async || delete_stream(&js, &stream_name).await).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,100 +303,51 @@ const CONSUMERS: usize = 4;
 /// that is about 2,000 effects. Four pull clients of one durable consumer take them
 /// concurrently, copies of the same message included.
 async fn retried_messages_to_four_consumers(db: Db, name: &str) {
-    let Some(url) = nats_url() else { return };
-    let js = jetstream(&url).await;
-    let stream_name = unique(name);
-    let consumer = stream_and_consumer(&js, &stream_name, Duration::from_secs(10)).await;
-    let subject = format!("{stream_name}.payments");
-    let stream_name_ = stream_name.clone();
-    let body = async move {
+    let ack_wait = Duration::from_secs(10);
+    on_fresh_stream(name, ack_wait, |fresh| async move {
+        let TestStream {
+            js,
+            name,
+            subject,
+            consumer,
+        } = fresh;
         let copies = brokers::retried_copies(MESSAGES, 11);
         let published = copies.len();
         let mut acks = Vec::with_capacity(published);
         for m in copies {
-            let mut headers = HeaderMap::new();
-            headers.insert(KEY_HEADER, format!("order:{m}:paid"));
-            let payload = format!(r#"{{"order":{m}}}"#);
-            let ack = js
-                .publish_with_headers(subject.clone(), headers, payload.into())
-                .await
-                .unwrap();
-            acks.push(ack);
+            let (key, payload) = (format!("order:{m}:paid"), format!(r#"{{"order":{m}}}"#));
+            acks.push(publish(&js, subject.clone(), &key, payload).await);
         }
         for ack in acks {
             ack.await.unwrap();
         }
-        let mut stream = js.get_stream(&stream_name_).await.unwrap();
+        let mut stream = js.get_stream(&name).await.unwrap();
         let kept = stream.info().await.unwrap().state.messages;
         assert_eq!(kept, published as u64, "JetStream kept every copy");
 
-        let inbox = Inbox::new("nats-workers").unwrap();
-        let handled = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
+        let workers = Workers::new(db, Inbox::new("nats-workers").unwrap(), published);
         let mut consumers = JoinSet::new();
         for _ in 0..CONSUMERS {
-            let (db, inbox, handled) = (db.clone(), inbox.clone(), handled.clone());
-            let consumer = consumer.clone();
+            let (workers, consumer) = (workers.clone(), consumer.clone());
             consumers.spawn(async move {
-                let mut messages = consumer
+                let messages = consumer
                     .stream()
                     .max_messages_per_batch(25)
                     .messages()
                     .await
                     .unwrap();
-                let (mut mine, mut processed) = (0, 0);
-                while handled.load(Ordering::SeqCst) < published {
-                    assert!(started.elapsed() < Duration::from_secs(40), "no end");
-                    let next = tokio::time::timeout(Duration::from_millis(200), messages.next());
-                    let Ok(Some(message)) = next.await else {
-                        continue;
-                    };
-                    let message = message.unwrap();
-                    let key = key_of(&message);
-                    let order: i64 = key.as_str().split(':').nth(1).unwrap().parse().unwrap();
-                    let delivery = db
-                        .deliver(&inbox, &key, &message.payload, order, Pause::None)
-                        .await
-                        .unwrap();
-                    settle(&message, &delivery).await;
-                    if delivery.should_ack() {
-                        handled.fetch_add(1, Ordering::SeqCst);
-                    }
-                    mine += 1;
-                    processed += usize::from(delivery.is_processed());
-                }
-                (mine, processed)
+                workers.consume(messages).await
             });
         }
-        let (mut per_consumer, mut processed) = (Vec::new(), 0);
-        while let Some(done) = consumers.join_next().await {
-            let (mine, applied) = done.unwrap();
-            per_consumer.push(mine);
-            processed += applied;
-        }
-        eprintln!(
-            "{published} deliveries of {MESSAGES} messages in {:?}, per consumer {per_consumer:?}",
-            started.elapsed()
-        );
-        assert!(per_consumer.iter().all(|&n| n > 0), "{per_consumer:?}");
-        assert_eq!(processed, MESSAGES as usize);
-        assert_eq!(db.effects().await, MESSAGES, "exactly 1,000 effects");
-        assert_eq!(db.distinct_effects().await, MESSAGES);
-        let c = inbox.counters();
-        assert_eq!(c.applied, MESSAGES as u64);
-        assert_eq!(c.duplicates, (published as i64 - MESSAGES) as u64);
+        workers.each_effect_once(consumers, MESSAGES).await;
         // Every message acked, none left to deliver.
-        let mut consumer = consumer;
-        let info = consumer_info_when(&mut consumer, |i| {
-            i.num_ack_pending == 0 && i.num_pending == 0
-        })
-        .await;
+        let info =
+            consumer_info_when(&consumer, |i| i.num_ack_pending == 0 && i.num_pending == 0).await;
         assert_eq!(info.num_ack_pending, 0, "{info:?}");
         assert_eq!(info.num_pending, 0, "{info:?}");
         assert_eq!(info.ack_floor.stream_sequence, published as u64, "{info:?}");
-    };
-    let js = jetstream(&url).await;
-    cleanup_after(body, async || delete_stream(&js, &stream_name).await).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,9 @@
 use crate::brokers;
 use crate::child;
 
-use brokers::{Db, Pause, amqp_url, cleanup_after, outcome_name, unique};
+use brokers::{
+    BrokerMessage, Db, Pause, Workers, amqp_url, cleanup_after, outcome_name, poll_until, unique,
+};
 use child::{ChildProcess, report};
 use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
@@ -20,10 +22,9 @@ use lapin::options::{
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinSet;
 
 async fn connect(url: &str) -> Connection {
@@ -59,14 +60,8 @@ async fn queue_state(channel: &Channel, name: &str) -> (u32, u32) {
 
 /// Polls [`queue_state`] until it is `expected`, for at most 10 s.
 async fn queue_state_becomes(channel: &Channel, name: &str, expected: (u32, u32)) -> (u32, u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let state = queue_state(channel, name).await;
-        if state == expected || Instant::now() > deadline {
-            return state;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let probe = move || queue_state(channel, name);
+    poll_until(Duration::from_secs(10), probe, |state| *state == expected).await
 }
 
 async fn delete_queue(channel: &Channel, name: &str) {
@@ -78,13 +73,45 @@ async fn delete_queue(channel: &Channel, name: &str) {
     }
 }
 
-/// Publishes a persistent message with the producer's message id, and waits for the
-/// broker's confirm.
-async fn publish(channel: &Channel, queue: &str, key: &str, payload: &[u8]) {
+/// One test's queue: see [`on_fresh_queue`].
+struct TestQueue {
+    connection: Arc<Connection>,
+    /// A channel with publisher confirms.
+    channel: Channel,
+    name: String,
+}
+
+/// Runs `test` on a fresh queue named after `name` (see [`declare`]); then deletes the
+/// queue, passed or failed, and closes the connection. Skipped without RabbitMQ.
+async fn on_fresh_queue<F>(name: &str, test: impl FnOnce(TestQueue) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Some(url) = amqp_url() else { return };
+    let connection = Arc::new(connect(&url).await);
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let name = unique(name);
+    declare(&channel, &name).await;
+    let body = test(TestQueue {
+        connection: connection.clone(),
+        channel: channel.clone(),
+        name: name.clone(),
+    });
+    cleanup_after(body, async || delete_queue(&channel, &name).await).await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Publishes a persistent message with the producer's message id; the broker's confirm is
+/// the future returned.
+async fn publish(channel: &Channel, queue: &str, key: &str, payload: &[u8]) -> PublisherConfirm {
     let properties = BasicProperties::default()
         .with_message_id(key.into())
         .with_delivery_mode(2);
-    let confirm = channel
+    channel
         .basic_publish(
             "".into(),
             queue.into(),
@@ -93,34 +120,36 @@ async fn publish(channel: &Channel, queue: &str, key: &str, payload: &[u8]) {
             properties,
         )
         .await
-        .unwrap();
-    assert!(confirm.await.unwrap().is_ack());
+        .unwrap()
 }
 
-/// The delivery's message key (the producer's message id) and order.
-fn key_and_order(delivery: &lapin::message::Delivery) -> (MessageKey, i64) {
-    let id = delivery
-        .properties
-        .message_id()
-        .clone()
-        .expect("a message id");
-    let payload: serde_json::Value = serde_json::from_slice(&delivery.data).unwrap();
-    let order = payload["order"].as_i64().expect("an order");
-    (MessageKey::message_id(id.as_str()).unwrap(), order)
-}
+impl BrokerMessage for lapin::message::Delivery {
+    /// The producer's message id, and the payload's order.
+    fn key_and_order(&self) -> (MessageKey, i64) {
+        let id = self.properties.message_id().clone().expect("a message id");
+        let payload: serde_json::Value = serde_json::from_slice(&self.data).unwrap();
+        let order = payload["order"].as_i64().expect("an order");
+        (MessageKey::message_id(id.as_str()).unwrap(), order)
+    }
 
-/// Acks only once the outcome is committed. RabbitMQ has no delayed nack: a delivery turned
-/// away while another one works on the message waits, then goes back to the queue.
-async fn settle(delivery: &lapin::message::Delivery, outcome: &Delivery<i64>) {
-    if outcome.should_ack() {
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
-    } else {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let requeue = BasicNackOptions {
-            requeue: true,
-            ..Default::default()
-        };
-        delivery.nack(requeue).await.unwrap();
+    fn payload(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Acks only once the outcome is committed. RabbitMQ has no delayed nack: a delivery
+    /// turned away while another one works on the message waits, then goes back to the
+    /// queue.
+    async fn settle(&self, outcome: &Delivery<i64>) {
+        if outcome.should_ack() {
+            self.ack(BasicAckOptions::default()).await.unwrap();
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            };
+            self.nack(requeue).await.unwrap();
+        }
     }
 }
 
@@ -178,7 +207,7 @@ async fn consume(queue: String) {
             .await
             .expect("consumer cancelled")
             .unwrap();
-        let (key, order) = key_and_order(&delivery);
+        let (key, order) = delivery.key_and_order();
         let redelivered = delivery.redelivered;
         report(&format!("delivered key={key} redelivered={redelivered}"));
         let pause = match crash.as_deref() {
@@ -197,7 +226,7 @@ async fn consume(queue: String) {
             "outcome key={key} redelivered={redelivered} {}",
             outcome_name(&outcome)
         ));
-        settle(&delivery, &outcome).await;
+        delivery.settle(&outcome).await;
         settled += usize::from(outcome.should_ack());
     }
     channel.close(200, "done".into()).await.unwrap();
@@ -234,19 +263,15 @@ fn spawn_consumer(
 /// the kill and turned the redelivery into a duplicate with no effect at all, which the
 /// checks at the crash point and at the end would catch.
 async fn killed_consumer(db: Db, crash_point: &'static str) {
-    let Some(url) = amqp_url() else { return };
-    let connection = connect(&url).await;
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let queue = unique(&format!("idem-crash-{crash_point}"));
-    declare(&channel, &queue).await;
-    let (queue_, channel_) = (queue.clone(), channel.clone());
-    let body = async move {
-        let (queue, channel) = (queue_, channel_);
-        publish(&channel, &queue, "order-7-paid", br#"{"order":7}"#).await;
+    let name = format!("idem-crash-{crash_point}");
+    on_fresh_queue(&name, |fresh| async move {
+        let TestQueue {
+            channel,
+            name: queue,
+            ..
+        } = fresh;
+        let confirm = publish(&channel, &queue, "order-7-paid", br#"{"order":7}"#);
+        assert!(confirm.await.await.unwrap().is_ack());
 
         let mut first = spawn_consumer(&queue, &db, Some(crash_point), 1);
         assert_eq!(
@@ -282,9 +307,8 @@ async fn killed_consumer(db: Db, crash_point: &'static str) {
         assert_eq!(db.records().await, 1);
         // Acked: the consumer is gone and nothing came back to the queue.
         assert_eq!(queue_state(&channel, &queue).await, (0, 0));
-    };
-    cleanup_after(body, async || delete_queue(&channel, &queue).await).await;
-    let _ = connection.close(200, "done".into()).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,46 +349,27 @@ const CONSUMERS: usize = 4;
 /// same message id and content, shuffled: about 2,000 deliveries, so about 2,000 effects
 /// without the inbox. Four consumers, each on its own channel, take them concurrently.
 async fn retried_messages_to_four_consumers(db: Db, name: &str) {
-    let Some(url) = amqp_url() else { return };
-    let connection = connect(&url).await;
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let queue = unique(name);
-    declare(&channel, &queue).await;
-    let mut channels = Vec::new();
-    for _ in 0..CONSUMERS {
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .basic_qos(20, BasicQosOptions::default())
-            .await
-            .unwrap();
-        channels.push(channel);
-    }
-    let (queue_, channel_) = (queue.clone(), channel.clone());
-    let body = async move {
-        let (queue, channel) = (queue_, channel_);
+    on_fresh_queue(name, |fresh| async move {
+        let TestQueue {
+            connection,
+            channel,
+            name: queue,
+        } = fresh;
+        let mut channels = Vec::new();
+        for _ in 0..CONSUMERS {
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .basic_qos(20, BasicQosOptions::default())
+                .await
+                .unwrap();
+            channels.push(channel);
+        }
         let copies = brokers::retried_copies(MESSAGES, 13);
         let published = copies.len();
         let mut confirms = Vec::with_capacity(published);
         for m in copies {
-            let properties = BasicProperties::default()
-                .with_message_id(format!("order-{m}-paid").into())
-                .with_delivery_mode(2);
-            let payload = format!(r#"{{"order":{m}}}"#);
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    queue.as_str().into(),
-                    BasicPublishOptions::default(),
-                    payload.as_bytes(),
-                    properties,
-                )
-                .await
-                .unwrap();
-            confirms.push(confirm);
+            let (key, payload) = (format!("order-{m}-paid"), format!(r#"{{"order":{m}}}"#));
+            confirms.push(publish(&channel, &queue, &key, payload.as_bytes()).await);
         }
         for confirm in confirms {
             assert!(confirm.await.unwrap().is_ack());
@@ -375,15 +380,12 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
             "every copy queued"
         );
 
-        let inbox = Inbox::new("rabbit-workers").unwrap();
-        let settled = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
+        let workers = Workers::new(db, Inbox::new("rabbit-workers").unwrap(), published);
         let mut consumers = JoinSet::new();
         for (n, consumer_channel) in channels.into_iter().enumerate() {
-            let (db, inbox, settled) = (db.clone(), inbox.clone(), settled.clone());
-            let queue = queue.clone();
+            let (workers, queue) = (workers.clone(), queue.clone());
             consumers.spawn(async move {
-                let mut deliveries = consumer_channel
+                let deliveries = consumer_channel
                     .basic_consume(
                         queue.as_str().into(),
                         format!("worker-{n}").into(),
@@ -392,51 +394,17 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
                     )
                     .await
                     .unwrap();
-                let (mut mine, mut processed) = (0, 0);
-                while settled.load(Ordering::SeqCst) < published {
-                    assert!(started.elapsed() < Duration::from_secs(40), "no end");
-                    let next = tokio::time::timeout(Duration::from_millis(200), deliveries.next());
-                    let Ok(Some(delivery)) = next.await else {
-                        continue;
-                    };
-                    let delivery = delivery.unwrap();
-                    let (key, order) = key_and_order(&delivery);
-                    let outcome = db
-                        .deliver(&inbox, &key, &delivery.data, order, Pause::None)
-                        .await
-                        .unwrap();
-                    settle(&delivery, &outcome).await;
-                    settled.fetch_add(usize::from(outcome.should_ack()), Ordering::SeqCst);
-                    mine += 1;
-                    processed += usize::from(outcome.is_processed());
-                }
+                let counts = workers.consume(deliveries).await;
                 // Closing the channel would requeue anything unacked.
                 consumer_channel.close(200, "done".into()).await.unwrap();
-                (mine, processed)
+                counts
             });
         }
-        let (mut per_consumer, mut processed) = (Vec::new(), 0);
-        while let Some(done) = consumers.join_next().await {
-            let (mine, applied) = done.unwrap();
-            per_consumer.push(mine);
-            processed += applied;
-        }
-        eprintln!(
-            "{published} deliveries of {MESSAGES} messages in {:?}, per consumer {per_consumer:?}",
-            started.elapsed()
-        );
-        assert!(per_consumer.iter().all(|&n| n > 0), "{per_consumer:?}");
-        assert_eq!(processed, MESSAGES as usize);
-        assert_eq!(db.effects().await, MESSAGES, "exactly 1,000 effects");
-        assert_eq!(db.distinct_effects().await, MESSAGES);
-        let c = inbox.counters();
-        assert_eq!(c.applied, MESSAGES as u64);
-        assert_eq!(c.duplicates, (published as i64 - MESSAGES) as u64);
+        workers.each_effect_once(consumers, MESSAGES).await;
         // Every message acked: the consumers' channels are closed and nothing came back.
         assert_eq!(queue_state(&channel, &queue).await, (0, 0));
-    };
-    cleanup_after(body, async || delete_queue(&channel, &queue).await).await;
-    let _ = connection.close(200, "done".into()).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

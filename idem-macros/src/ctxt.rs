@@ -36,6 +36,22 @@ impl Ctxt {
             .push(error);
     }
 
+    /// Stores the value of an argument given at `path`; if it was given before, the first
+    /// value stays and this one is reported, [given twice](Ctxt::given_twice).
+    pub fn once<T>(&mut self, path: &syn::Path, slot: &mut Option<T>, value: T) {
+        if slot.is_some() {
+            self.given_twice(path, "");
+        } else {
+            *slot = Some(value);
+        }
+    }
+
+    /// Records "`argument` is given twice" on its second `path`, followed by `hint`.
+    pub fn given_twice(&mut self, path: &syn::Path, hint: &str) {
+        let name = crate::suggest::path_name(path);
+        self.error_spanned_by(path, format!("`{name}` is given twice{hint}"));
+    }
+
     /// Whether any error has been recorded.
     pub fn has_errors(&self) -> bool {
         self.errors.as_ref().is_some_and(|e| !e.is_empty())

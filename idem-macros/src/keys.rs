@@ -6,6 +6,7 @@ use syn::parse::ParseStream;
 use syn::{LitStr, Token};
 
 /// The names `key` lists, in order, and the span of the whole value.
+#[derive(Clone)]
 pub struct KeyNames {
     pub names: Vec<LitStr>,
     pub span: Span,

@@ -27,6 +27,15 @@ pub fn unknown_argument(what: &str, name: &str, valid: &[&str]) -> String {
     )
 }
 
+/// An argument's name as written: `from`, or `a::b` for a path.
+pub fn path_name(path: &syn::Path) -> String {
+    path.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
 #[cfg(test)]
 mod tests {
     use super::did_you_mean;

@@ -11,13 +11,17 @@
 #![allow(dead_code)]
 
 use crate::common;
+use futures_util::{Stream, StreamExt};
 use idem::inbox::{Delivery, Inbox, MessageKey, Received};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
+use std::fmt::Debug;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::task::JoinSet;
 
 fn require_servers() -> bool {
     std::env::var("IDEM_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
@@ -73,6 +77,23 @@ pub async fn cleanup_after<T: Send + 'static>(
     match result {
         Ok(value) => value,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// `probe`'s answer once `done` holds it, or its last one after `within`: a broker's own
+/// bookkeeping (acks, requeues) lags behind what the test did. Probed every 50 ms.
+pub async fn poll_until<T, F: Future<Output = T>>(
+    within: Duration,
+    mut probe: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        let answer = probe().await;
+        if done(&answer) || Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -266,4 +287,99 @@ pub fn retried_copies(messages: i64, seed: u64) -> Vec<i64> {
         .collect();
     copies.shuffle(&mut rng);
     copies
+}
+
+/// A delivery as the tests' consumers handle it, whichever broker it came from.
+pub trait BrokerMessage {
+    /// Its message key, and the order the message is about.
+    fn key_and_order(&self) -> (MessageKey, i64);
+    /// Its payload, whose digest the inbox keeps.
+    fn payload(&self) -> &[u8];
+    /// Acks it once its outcome is committed; a delivery turned away while another one
+    /// works on the message goes back to the broker, for later.
+    fn settle(&self, outcome: &Delivery<i64>) -> impl Future<Output = ()> + Send;
+}
+
+/// The consumers of a test of retried messages: each takes deliveries from a stream of its
+/// own and runs them through one inbox into one database, until every publication, of
+/// every consumer, is settled.
+#[derive(Clone)]
+pub struct Workers {
+    db: Db,
+    inbox: Inbox,
+    /// The publications to settle: copies of the messages included.
+    published: usize,
+    settled: Arc<AtomicUsize>,
+    started: Instant,
+}
+
+impl Workers {
+    /// Consumers of `published` publications, starting now.
+    pub fn new(db: Db, inbox: Inbox, published: usize) -> Workers {
+        Workers {
+            db,
+            inbox,
+            published,
+            settled: Arc::new(AtomicUsize::new(0)),
+            started: Instant::now(),
+        }
+    }
+
+    /// One consumer: handles the deliveries of `messages` until every publication is
+    /// settled (40 s at most). Returns how many deliveries it took, and how many of them it
+    /// processed.
+    pub async fn consume<M: BrokerMessage, E: Debug>(
+        &self,
+        mut messages: impl Stream<Item = Result<M, E>> + Unpin,
+    ) -> (usize, usize) {
+        let (mut mine, mut processed) = (0, 0);
+        while self.settled.load(Ordering::SeqCst) < self.published {
+            assert!(self.started.elapsed() < Duration::from_secs(40), "no end");
+            let next = tokio::time::timeout(Duration::from_millis(200), messages.next());
+            let Ok(Some(message)) = next.await else {
+                continue;
+            };
+            let message = message.unwrap();
+            let (key, order) = message.key_and_order();
+            let outcome = self
+                .db
+                .deliver(&self.inbox, &key, message.payload(), order, Pause::None)
+                .await
+                .unwrap();
+            message.settle(&outcome).await;
+            self.settled
+                .fetch_add(usize::from(outcome.should_ack()), Ordering::SeqCst);
+            mine += 1;
+            processed += usize::from(outcome.is_processed());
+        }
+        (mine, processed)
+    }
+
+    /// Waits for `consumers` (each one [`Workers::consume`]), and checks that each of the
+    /// `messages` messages had its effect exactly once: every consumer took deliveries,
+    /// one delivery of each message applied, every other copy was a duplicate.
+    pub async fn each_effect_once(&self, mut consumers: JoinSet<(usize, usize)>, messages: i64) {
+        let (mut per_consumer, mut processed) = (Vec::new(), 0);
+        while let Some(done) = consumers.join_next().await {
+            let (mine, applied) = done.unwrap();
+            per_consumer.push(mine);
+            processed += applied;
+        }
+        let published = self.published;
+        eprintln!(
+            "{published} deliveries of {messages} messages in {:?}, per consumer {per_consumer:?}",
+            self.started.elapsed()
+        );
+        assert!(per_consumer.iter().all(|&n| n > 0), "{per_consumer:?}");
+        assert_eq!(processed, messages as usize);
+        assert_eq!(
+            self.db.effects().await,
+            messages,
+            "exactly {messages} effects"
+        );
+        assert_eq!(self.db.distinct_effects().await, messages);
+        let c = self.inbox.counters();
+        assert_eq!(c.applied, messages as u64);
+        assert_eq!(c.duplicates, (published as i64 - messages) as u64);
+    }
 }

@@ -3,7 +3,8 @@
 //! the body (as an async block) run only if the row moved, and compile-time checks of the
 //! transition spanned at the user's tokens.
 
-use super::args::{Args, CreationArgs, InboxArgs, MachineName, SetValue, TransitionArgs};
+use super::args::{SetColumn, SetValue};
+use super::check::{Creation, Form, Guard, Inbox, MachineName, Transition};
 use super::signature::Handler;
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -11,7 +12,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, parse_quote_spanned};
 
 pub fn expand(
-    args: &Args,
+    form: &Form,
     handler: &Handler,
     output: &syn::Type,
     function: &ItemFn,
@@ -42,17 +43,17 @@ pub fn expand(
         }
     }
     // Spanned at the user's return type: a type that is not a `Result` is reported there.
-    outer.output = match (&args.transition, &args.inbox, &args.creation) {
-        (_, _, Some(c)) => {
-            let machine = &c.machine;
-            parse_quote_spanned!(output.span()=> -> ::idem::Created<#output, #machine>)
-        }
-        (Some(t), None, None) => {
+    outer.output = match form {
+        Form::Transition(t) => {
             let machine = &t.machine;
             parse_quote_spanned!(output.span()=> -> ::idem::Handled<#output, #machine>)
         }
-        (None, _, None) => parse_quote_spanned!(output.span()=> -> ::idem::Consumed<#output>),
-        (Some(t), Some(_), None) => {
+        Form::Creation(c) => {
+            let machine = &c.machine;
+            parse_quote_spanned!(output.span()=> -> ::idem::Created<#output, #machine>)
+        }
+        Form::Message(_) => parse_quote_spanned!(output.span()=> -> ::idem::Consumed<#output>),
+        Form::ConsumerTransition(_, t) => {
             let machine = &t.machine;
             parse_quote_spanned!(output.span()=> -> ::idem::ConsumedTransition<#output, #machine>)
         }
@@ -67,25 +68,22 @@ pub fn expand(
     // parameter named like one of them is not shadowed.
     let [plan, work, result, held] = ["__idem_plan", "__idem_work", "__idem_result", "__idem_held"]
         .map(|name| Ident::new(name, Span::mixed_site()));
-    let doc = handler_doc(args, handler);
+    let doc = handler_doc(form, handler);
 
     // The stages of the unit of work, before the body.
-    let (checks, make_plan) = match (&args.transition, &args.inbox) {
-        _ if args.creation.is_some() => {
-            let c = args.creation.as_ref().expect("just matched");
-            creation_checks(c, handler, &codec)
-        }
-        (Some(t), None) => {
+    let (checks, make_plan) = match form {
+        Form::Transition(t) => {
             let (checks, stage) = transition_checks(t, handler);
             let make = quote!(::idem::__private::TransitionPlan::new(#stage, #codec));
             (checks, make)
         }
-        (None, Some(i)) => {
+        Form::Creation(c) => creation_checks(c, handler, &codec),
+        Form::Message(i) => {
             let stage = inbox_stage(i);
             let make = quote!(::idem::__private::InboxPlan::new(#stage, #codec));
             (TokenStream::new(), make)
         }
-        (Some(t), Some(i)) => {
+        Form::ConsumerTransition(i, t) => {
             let (checks, transition) = transition_checks(t, handler);
             let stage = inbox_stage(i);
             let make = quote! {
@@ -93,7 +91,6 @@ pub fn expand(
             };
             (checks, make)
         }
-        (None, None) => unreachable!("parsing requires one group of arguments"),
     };
 
     let Some(tx_type) = tx_type else {
@@ -143,14 +140,13 @@ pub fn expand(
 /// The compile-time checks of a transition, its stage (`TransitionStage::new(…)`, with the
 /// key, the expected version, the watermark) and the columns it sets (`.set(…)`, or
 /// nothing).
-fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, TokenStream) {
-    let TransitionArgs {
+fn transition_checks(t: &Transition, handler: &Handler) -> (TokenStream, TokenStream) {
+    let Transition {
         machine,
         from,
         to,
         key,
-        version,
-        watermark,
+        guard,
         set,
     } = t;
     let machine = machine_ref(machine);
@@ -160,7 +156,7 @@ fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, Tok
     let check_to = state_check(&definition, to);
     // An event that keeps the state (`from == to`, with a watermark) is no transition of
     // the machine's graph: it needs no declared edge.
-    let keeps_state = watermark.is_some() && from.value() == to.value();
+    let keeps_state = matches!(guard, Guard::Watermark(_)) && from.value() == to.value();
     let check_transition = if keeps_state {
         TokenStream::new()
     } else {
@@ -171,8 +167,8 @@ fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, Tok
     };
     let param_type = |name: &syn::LitStr| param_type(handler, name);
     let (check_key, key_expr) = key_checks(&definition, key, &param_type);
-    let version_expr = match version {
-        Some(v) => {
+    let version_expr = match guard {
+        Guard::Version(v) => {
             let ident = Ident::new(&v.value(), v.span());
             match param_type(v) {
                 Some(ty) => quote_spanned! {ty.span()=>
@@ -181,10 +177,10 @@ fn transition_checks(t: &TransitionArgs, handler: &Handler) -> (TokenStream, Tok
                 None => quote_spanned!(v.span()=> ::idem::ToVersion::to_version(&#ident)),
             }
         }
-        None => quote!(::idem::__private::None),
+        Guard::None | Guard::Watermark(_) => quote!(::idem::__private::None),
     };
     let (check_set, mut set_call) = set_columns(&definition, set, &param_type);
-    if let Some(w) = watermark {
+    if let Guard::Watermark(w) = guard {
         let ident = Ident::new(&w.value(), w.span());
         let value = match param_type(w) {
             Some(ty) => quote_spanned! {ty.span()=>
@@ -285,11 +281,11 @@ fn key_checks(
 /// The compile-time checks of a creation and the plan that runs it, whose result is stored
 /// with `codec`.
 fn creation_checks(
-    c: &CreationArgs,
+    c: &Creation,
     handler: &Handler,
     codec: &TokenStream,
 ) -> (TokenStream, TokenStream) {
-    let CreationArgs {
+    let Creation {
         machine,
         key,
         state,
@@ -327,7 +323,7 @@ fn creation_checks(
 /// token; and the call that adds them and their values to the stage.
 fn set_columns(
     definition: &TokenStream,
-    set: &[super::args::SetColumn],
+    set: &[SetColumn],
     param_type: &dyn Fn(&syn::LitStr) -> Option<syn::Type>,
 ) -> (TokenStream, TokenStream) {
     if set.is_empty() {
@@ -374,7 +370,7 @@ fn set_columns(
 }
 
 /// The inbox stage of a message handler, from the parameters its arguments name.
-fn inbox_stage(i: &InboxArgs) -> TokenStream {
+fn inbox_stage(i: &Inbox) -> TokenStream {
     let param = |lit: &syn::LitStr| Ident::new(&lit.value(), lit.span());
     let (inbox, message, payload) = (param(&i.inbox), param(&i.message), param(&i.payload));
     let inbox = quote_spanned! {i.inbox.span()=>
@@ -397,60 +393,91 @@ fn state_check(definition: &TokenStream, state: &syn::LitStr) -> TokenStream {
     )
 }
 
-fn handler_doc(args: &Args, handler: &Handler) -> String {
+/// The generated function's rustdoc: what it runs, and what it returns.
+fn handler_doc(form: &Form, handler: &Handler) -> String {
+    match form {
+        Form::Transition(t) => transition_doc(t, handler),
+        Form::Creation(c) => creation_doc(c, handler),
+        Form::Message(i) => format!(
+            "# Idempotent message handler\n\n\
+             Generated by `#[idempotent]`. `{tx}` is a pool (one transaction of its own records \
+             the delivery and runs this function's body, and commits only if the body \
+             succeeds; the result reaches the caller only after the commit) or the caller's \
+             transaction (a savepoint in it; the caller commits). {}",
+            inbox_doc(i),
+            tx = handler.tx,
+        ),
+        Form::ConsumerTransition(i, t) => {
+            let machine = t.machine.text();
+            let mut doc = transition_doc(t, handler);
+            doc.push_str(&format!(
+                "\n\n{} Returns [`Delivery`](::idem::inbox::Delivery)`<T, `\
+                 [`Refusal`](::idem::Refusal)`<{machine}>>`: `Processed` when this delivery moved \
+                 the row; `Duplicate` with the transition's first result when the message or the \
+                 transition was done before (the record is kept); `Refused` — not yet, illegal, not \
+                 found, stale — with the record rolled back and nothing applied, so a redelivery \
+                 (say, after the message it depends on) is evaluated again: do not ack it.",
+                inbox_doc(i)
+            ));
+            doc
+        }
+    }
+}
+
+fn inbox_doc(i: &Inbox) -> String {
+    format!(
+        "The delivery is recorded in the inbox `{inbox}` under the message key `{message}`, \
+         with the SHA-256 of `{payload}`, in the same transaction: a redelivery is absorbed as \
+         [`Delivery::Duplicate`](::idem::inbox::Delivery::Duplicate) with the first result, \
+         the same key with another payload is a \
+         [`Delivery::Conflict`](::idem::inbox::Delivery::Conflict).",
+        inbox = i.inbox.value(),
+        message = i.message.value(),
+        payload = i.payload.value(),
+    )
+}
+
+fn creation_doc(c: &Creation, handler: &Handler) -> String {
     let tx = &handler.tx;
-    let inbox = args.inbox.as_ref().map(|i| {
+    let machine = c.machine.text();
+    let sets = c
+        .set
+        .iter()
+        .map(|col| match &col.value {
+            SetValue::Param(p) => format!("`{}` from `{}`", col.column.value(), p.value()),
+            SetValue::Now => format!("`{}` as `CURRENT_TIMESTAMP`", col.column.value()),
+        })
+        .collect::<Vec<_>>();
+    let sets = if sets.is_empty() {
+        String::new()
+    } else {
+        format!(", with {}", sets.join(", "))
+    };
+    let how = if handler.tx_type.is_none() {
         format!(
-            "The delivery is recorded in the inbox `{inbox}` under the message key `{message}`, \
-             with the SHA-256 of `{payload}`, in the same transaction: a redelivery is absorbed as \
-             [`Delivery::Duplicate`](::idem::inbox::Delivery::Duplicate) with the first result, \
-             the same key with another payload is a \
-             [`Delivery::Conflict`](::idem::inbox::Delivery::Conflict).",
-            inbox = i.inbox.value(),
-            message = i.message.value(),
-            payload = i.payload.value(),
-        )
-    });
-    if let Some(c) = &args.creation {
-        let machine = c.machine.text();
-        let sets = c
-            .set
-            .iter()
-            .map(|col| match &col.value {
-                SetValue::Param(p) => format!("`{}` from `{}`", col.column.value(), p.value()),
-                SetValue::Now => format!("`{}` as `CURRENT_TIMESTAMP`", col.column.value()),
-            })
-            .collect::<Vec<_>>();
-        let sets = if sets.is_empty() {
-            String::new()
-        } else {
-            format!(", with {}", sets.join(", "))
-        };
-        let how = if handler.tx_type.is_none() {
-            format!(
-                "The handler takes no transaction: this function's body runs **first**, before \
+            "The handler takes no transaction: this function's body runs **first**, before \
                  any statement (an error from it writes nothing; it also runs for a duplicate, \
                  so keep it free of effects). Then the row whose key is `key = {key}` is \
                  inserted in the state `{state}`{sets} with the body's result: on PostgreSQL in \
                  one autocommit statement ([`{machine}::IDEM_SQL`]: `create_storing`), on \
                  SQLite with the result's insert in one transaction (`{tx}` is a pool, or the \
                  caller's transaction: a savepoint in it).",
-                state = c.state.value(),
-                key = c.key.shown(),
-            )
-        } else {
-            format!(
-                "One transaction (from the pool `{tx}`, or a savepoint in the caller's \
+            state = c.state.value(),
+            key = c.key.shown(),
+        )
+    } else {
+        format!(
+            "One transaction (from the pool `{tx}`, or a savepoint in the caller's \
                  transaction) inserts the row whose key is `key = {key}` in the state \
                  `{state}`{sets} ([`{machine}::IDEM_SQL`]: `create`, `INSERT … ON CONFLICT \
                  (key) DO NOTHING`); only if it inserted the row, runs this function's body, \
                  stores its result and commits.",
-                state = c.state.value(),
-                key = c.key.shown(),
-            )
-        };
-        return format!(
-            "# Idempotent creation in `{state}`\n\n\
+            state = c.state.value(),
+            key = c.key.shown(),
+        )
+    };
+    format!(
+        "# Idempotent creation in `{state}`\n\n\
              Generated by `#[idempotent]` for the state machine [`{machine}`]. {how}\n\n\
              Returns [`Creation::Created`](::idem::Creation::Created) with the body's result; \
              [`Creation::Duplicate`](::idem::Creation::Duplicate) with the first result when a row \
@@ -458,19 +485,13 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
              [`Creation::Conflict`](::idem::Creation::Conflict) when it has other values (the \
              first stays, nothing is written); an error from the body rolls everything back and \
              comes back as [`Error::Handler`](::idem::Error::Handler).",
-            state = c.state.value(),
-        );
-    }
-    let Some(t) = &args.transition else {
-        return format!(
-            "# Idempotent message handler\n\n\
-             Generated by `#[idempotent]`. `{tx}` is a pool (one transaction of its own records \
-             the delivery and runs this function's body, and commits only if the body \
-             succeeds; the result reaches the caller only after the commit) or the caller's \
-             transaction (a savepoint in it; the caller commits). {}",
-            inbox.unwrap_or_default()
-        );
-    };
+        state = c.state.value(),
+    )
+}
+
+/// A transition's doc; a consumer transition's adds its inbox's.
+fn transition_doc(t: &Transition, handler: &Handler) -> String {
+    let tx = &handler.tx;
     let machine = t.machine.text();
     let (from, to) = (t.from.value(), t.to.value());
     let n = t.key.names.len();
@@ -483,20 +504,20 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
         .map(|(i, name)| format!("`${} = {}`", i + 1, name.value()))
         .collect::<Vec<_>>()
         .join(", ");
-    let guard = match (&t.version, &t.watermark) {
-        (Some(v), _) => format!(
+    let guard = match &t.guard {
+        Guard::Version(v) => format!(
             " and, when `{}` is given, the guard `version = {}`",
             v.value(),
             v.value()
         ),
-        (None, Some(w)) => format!(
+        Guard::Watermark(w) => format!(
             " and the event's watermark: `version < {w}`, and the row takes `version = {w}` \
              (an event older than the row is [`Outcome::Superseded`](::idem::Outcome::Superseded), \
              the same event again [`Outcome::AlreadyDone`](::idem::Outcome::AlreadyDone) with its \
              first result)",
             w = w.value()
         ),
-        (None, None) => String::new(),
+        Guard::None => String::new(),
     };
     let sets = t
         .set
@@ -517,7 +538,7 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
             sets.join(", ")
         )
     };
-    let mut doc = format!(
+    let doc = format!(
         "# Idempotent transition `{from}` → `{to}`\n\n\
          Generated by `#[idempotent]` for the state machine [`{machine}`]. The row is the one whose key is \
          `key = {key}`. One transaction (from the pool `{tx}`, or a savepoint in the caller's \
@@ -559,16 +580,6 @@ fn handler_doc(args: &Args, handler: &Handler) -> String {
             f = n + 1,
             t = n + 2,
         );
-    }
-    if let Some(inbox) = inbox {
-        doc.push_str(&format!(
-            "\n\n{inbox} Returns [`Delivery`](::idem::inbox::Delivery)`<T, `\
-             [`Refusal`](::idem::Refusal)`<{machine}>>`: `Processed` when this delivery moved \
-             the row; `Duplicate` with the transition's first result when the message or the \
-             transition was done before (the record is kept); `Refused` — not yet, illegal, not \
-             found, stale — with the record rolled back and nothing applied, so a redelivery \
-             (say, after the message it depends on) is evaluated again: do not ack it."
-        ));
     }
     doc
 }

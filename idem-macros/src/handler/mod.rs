@@ -1,6 +1,7 @@
 //! `#[idempotent(...)]` on an `async fn`: parse → check → expand.
 
 mod args;
+mod check;
 mod expand;
 mod signature;
 
@@ -21,17 +22,18 @@ pub fn idempotent_inner(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let mut cx = Ctxt::new();
     let args = args::Args::parse(&mut cx, args);
+    let form = args.as_ref().and_then(|args| check::form(&mut cx, args));
     let signature = signature::Handler::parse(&mut cx, &function);
-    if let (Some(args), Some(signature)) = (&args, &signature) {
-        args::check_against(&mut cx, args, signature);
+    if let (Some(args), Some(form), Some(signature)) = (&args, &form, &signature) {
+        check::parameters(&mut cx, args, form, signature);
     }
-    match (cx.check(), args, signature) {
-        (Ok(()), Some(args), Some(signature)) => {
+    match (cx.check(), form, signature) {
+        (Ok(()), Some(form), Some(signature)) => {
             let output = signature
                 .output
                 .clone()
                 .expect("a missing output records an error");
-            expand::expand(&args, &signature, &output, &function)
+            expand::expand(&form, &signature, &output, &function)
         }
         // Keep the user's function so the IDE and the rest of the crate still see it. Its
         // key parameter is used only by the expansion: no "unused variable" on top of the error.

@@ -4,6 +4,7 @@
 use crate::ctxt::Ctxt;
 use crate::ident::screaming_snake;
 use crate::keys::KeyNames;
+use crate::suggest::path_name;
 use proc_macro2::Span;
 use syn::{Ident, LitStr};
 
@@ -65,11 +66,7 @@ impl Machine {
             let result = attr.parse_nested_meta(|meta| {
                 if meta.path.is_ident("key") {
                     let value = KeyNames::parse("the key's columns", meta.value()?)?;
-                    if machine.key.is_some() {
-                        cx.error_spanned_by(&meta.path, "`key` is given twice");
-                    } else {
-                        machine.key = Some(value);
-                    }
+                    cx.once(&meta.path, &mut machine.key, value);
                     return Ok(());
                 }
                 let slot = match meta.path.get_ident().map(Ident::to_string).as_deref() {
@@ -96,14 +93,7 @@ impl Machine {
                     }
                 };
                 let value: LitStr = meta.value()?.parse()?;
-                if slot.is_some() {
-                    cx.error_spanned_by(
-                        &meta.path,
-                        format!("`{}` is given twice", path_name(&meta.path)),
-                    );
-                } else {
-                    *slot = Some(value);
-                }
+                cx.once(&meta.path, slot, value);
                 Ok(())
             });
             if let Err(e) = result {
@@ -152,11 +142,7 @@ impl State {
             let result = attr.parse_nested_meta(|meta| {
                 if meta.path.is_ident("name") {
                     let value: LitStr = meta.value()?.parse()?;
-                    if name.is_some() {
-                        cx.error_spanned_by(&meta.path, "`name` is given twice");
-                    } else {
-                        name = Some(value);
-                    }
+                    cx.once(&meta.path, &mut name, value);
                 } else if meta.path.is_ident("to") {
                     let mut list = Vec::new();
                     meta.parse_nested_meta(|target| {
@@ -170,10 +156,7 @@ impl State {
                         Ok(())
                     })?;
                     if targets.is_some() {
-                        cx.error_spanned_by(
-                            &meta.path,
-                            "`to` is given twice; list all targets in one `to(...)`",
-                        );
+                        cx.given_twice(&meta.path, "; list all targets in one `to(...)`");
                     } else {
                         targets = Some(list);
                     }
@@ -209,12 +192,4 @@ impl State {
             targets: targets.unwrap_or_default(),
         })
     }
-}
-
-fn path_name(path: &syn::Path) -> String {
-    path.segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect::<Vec<_>>()
-        .join("::")
 }
