@@ -1,7 +1,7 @@
 //! Errors: the handler's own, the database's, and bad data or input.
 
-use crate::column::ColumnProblem;
-use crate::key::KeyError;
+use crate::value::column::ColumnProblem;
+use crate::value::key::KeyError;
 
 /// Why an `#[idempotent]` call did not produce an [`Outcome`](crate::Outcome).
 ///

@@ -1,9 +1,9 @@
 //! The handler's return type, seen as a `Result`.
 
-use crate::creation::Creation;
 use crate::error::Error;
 use crate::inbox::Delivery;
-use crate::outcome::{Outcome, Refusal};
+use crate::transition::creation::Creation;
+use crate::transition::outcome::{Outcome, Refusal};
 
 /// The return type of an `#[idempotent]` handler whose body returns `R`
 /// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.

@@ -3,7 +3,7 @@
 //! produces one error, not one per use.
 
 use crate::fallible::Fallible;
-use crate::machine::{Definition, Machine};
+use crate::machine::definition::{Definition, Machine};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 

@@ -99,7 +99,7 @@ pub enum Param<'a> {
     #[cfg(feature = "uuid")]
     Uuid(uuid::Uuid),
     /// The value of a column a handler sets in its transition.
-    Column(&'a crate::column::ColumnValue),
+    Column(&'a crate::value::column::ColumnValue),
 }
 
 /// A row as idem reads it: every column an integer, text or NULL.

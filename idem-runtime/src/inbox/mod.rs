@@ -49,9 +49,9 @@ use crate::backend::{Backend, Param, begin_write};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, codec};
-use crate::key::{KeyError, valid_text};
-use crate::stored::bounded;
-use crate::work::{Begun, Work, begin, stages_only};
+use crate::value::key::{KeyError, valid_text};
+use crate::work::stored::bounded;
+use crate::work::unit::{Begun, Work, begin, stages_only};
 use clock::millis;
 use counters::{Counter, Counters};
 use serde::Serialize;
@@ -801,7 +801,7 @@ impl std::error::Error for SweeperError {
 
 /// The payload's SHA-256, hex: what "the same content" means.
 pub(crate) fn fingerprint(payload: &[u8]) -> String {
-    crate::hex::hex(&Sha256::digest(payload))
+    crate::value::hex::hex(&Sha256::digest(payload))
 }
 
 /// Creates idem's tables (the default results table and the inbox) if they do not

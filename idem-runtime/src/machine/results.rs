@@ -1,7 +1,7 @@
 //! The table idem keeps first results in.
 
 use crate::backend::{Backend, begin_write};
-use crate::machine::Machine;
+use crate::machine::definition::Machine;
 use sqlx::Pool;
 
 /// Creates the results table of machine `M` if it does not exist (see

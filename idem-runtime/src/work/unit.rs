@@ -28,17 +28,17 @@ use crate::backend::{
 };
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::observe::Labels;
-use crate::retry::Backoff;
-use crate::stored::bounded;
+use crate::work::observe::Labels;
+use crate::work::retry::Backoff;
+use crate::work::stored::bounded;
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
 use std::convert::Infallible;
 use std::time::Duration;
 use tracing::{Instrument, Span};
 
-pub(crate) use crate::engine::Moved;
 pub(crate) use crate::inbox::Recorded;
+pub(crate) use crate::transition::engine::Moved;
 
 /// What the stages of a call found.
 pub enum Entered<R> {

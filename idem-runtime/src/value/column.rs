@@ -6,8 +6,8 @@
 //! writes none of them.
 
 use crate::backend::Dialect;
-use crate::machine::Definition;
-use crate::transition::TransitionError;
+use crate::machine::definition::Definition;
+use crate::transition::declared::TransitionError;
 use idem_sql::transition::{Assignment, Names, SetTo, Statements};
 use std::sync::OnceLock;
 

@@ -1,18 +1,18 @@
 //! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
 
 use crate::backend::{Backend, Dialect, Param, Record};
-use crate::classification::MissRate;
-use crate::classify::{Classified, Guard, Observed, classify};
-use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef, codec, machine};
-use crate::key::{Key, KeyError};
-use crate::machine::{Definition, Machine};
-use crate::observe::Labels;
-use crate::outcome::{Outcome, Refusal};
-use crate::transition::Transition;
-use crate::work::{Begun, Entered, Entry, Plan, Staged, begin};
+use crate::machine::definition::{Definition, Machine};
+use crate::transition::classification::MissRate;
+use crate::transition::classify::{Classified, Guard, Observed, classify};
+use crate::transition::declared::Transition;
+use crate::transition::outcome::{Outcome, Refusal};
+use crate::value::column::{ColumnProblem, ColumnValue, SetColumns};
+use crate::value::key::{Key, KeyError};
+use crate::work::observe::Labels;
+use crate::work::unit::{Begun, Entered, Entry, Plan, Staged, begin};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
@@ -135,7 +135,7 @@ pub(crate) fn checked_key<'k>(
 /// statement, on every backend alike, never left to the column (MySQL outside strict mode
 /// truncates, and two keys would share one first result).
 pub(crate) fn checked_key_text(text: &str) -> Result<(), Error<Infallible>> {
-    if text.len() > crate::key::MAX_KEY_TEXT_LEN {
+    if text.len() > crate::value::key::MAX_KEY_TEXT_LEN {
         return Err(Error::InvalidKey(KeyError::TextTooLong { len: text.len() }));
     }
     Ok(())
@@ -402,7 +402,7 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
     }
 }
 
-impl<DB: Backend, T, M: Send> crate::statement::Storing<DB> for TransitionPlan<T, M> {
+impl<DB: Backend, T, M: Send> crate::work::statement::Storing<DB> for TransitionPlan<T, M> {
     const APPLIED: &'static str = "applied";
 
     async fn enter_storing(

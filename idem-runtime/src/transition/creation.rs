@@ -6,17 +6,17 @@
 //! call is refused).
 
 use crate::backend::{Backend, Param, Record, is_duplicate};
-use crate::column::{ColumnProblem, ColumnValue, SetColumns};
-use crate::engine::{
-    CallKey, Moved, Params, Setting, checked_key, checked_key_text, key_params, replay,
-};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::glue::{Codec, MachineRef};
-use crate::key::{Key, KeyError};
-use crate::observe::Labels;
-use crate::statement::Storing;
-use crate::work::{Entered, Entry, Plan, Staged};
+use crate::transition::engine::{
+    CallKey, Moved, Params, Setting, checked_key, checked_key_text, key_params, replay,
+};
+use crate::value::column::{ColumnProblem, ColumnValue, SetColumns};
+use crate::value::key::{Key, KeyError};
+use crate::work::observe::Labels;
+use crate::work::statement::Storing;
+use crate::work::unit::{Entered, Entry, Plan, Staged};
 use std::convert::Infallible;
 
 /// What a creation did. `S` is the machine's state enum.

@@ -11,9 +11,9 @@
 use crate::backend::{Backend, Dialect};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::observe::Labels;
-use crate::stored::bounded;
-use crate::work::{Entered, Entry, Origin, Plan, stages_only_at};
+use crate::work::observe::Labels;
+use crate::work::stored::bounded;
+use crate::work::unit::{Entered, Entry, Origin, Plan, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
 

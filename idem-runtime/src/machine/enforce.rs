@@ -3,7 +3,7 @@
 //! [`Statements::enforce`]: crate::Statements::enforce
 
 use crate::backend::{Backend, begin_write};
-use crate::machine::Machine;
+use crate::machine::definition::Machine;
 use sqlx::Pool;
 
 /// Makes the database enforce the state machine `M`, whoever writes its table: the state
