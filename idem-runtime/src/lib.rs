@@ -5,14 +5,11 @@
 #![warn(missing_docs)]
 
 mod backend;
-mod conflict;
 mod error;
-mod fallible;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault;
-mod glue;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod inbox;
@@ -25,48 +22,43 @@ mod work;
 
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
-pub use backend::{Backend, Dialect, is_transient};
-pub use conflict::is_conflict_source;
+pub use backend::{Backend, Dialect, is_conflict_source, is_transient};
 pub use error::{Error, RowProblem};
-pub use fallible::{Consumed, ConsumedTransition, Created, Fallible, Handled};
-pub use glue::Storable;
-pub use inbox::migrate;
+pub use inbox::{Consumed, ConsumedTransition, migrate};
 pub use machine::definition::{Definition, Machine};
 pub use machine::enforce::enforce;
 pub use machine::results::create_results_table;
 pub use machine::sql::{MachineSql, Statements};
 pub use machine::verify::{ColumnRole, SchemaProblem, SchemaReport, verify};
 pub use transition::classification::{Classification, set_postgres_classification};
-pub use transition::creation::Creation;
+pub use transition::creation::{Created, Creation};
 pub use transition::declared::{Transition, TransitionError};
 pub use transition::engine::{CallKey, run};
-pub use transition::outcome::{Outcome, OutcomeKind, Refusal};
+pub use transition::outcome::{Handled, Outcome, OutcomeKind, Refusal};
 pub use value::column::{ColumnProblem, ColumnType, ColumnValue, ToColumn};
 pub use value::key::{
     CompositeKey, Key, KeyError, MAX_KEY_LEN, MAX_KEY_TEXT_LEN, ToKey, ToVersion, ToWatermark,
 };
 pub use work::observe::{Labels, set_trace_keys};
 pub use work::retry::{retry, retry_when};
-pub use work::stored::MAX_RESULT_LEN;
-pub use work::unit::Source;
+pub use work::source::Source;
+pub use work::stored::{Fallible, MAX_RESULT_LEN, Storable};
 
 /// Glue for the code `#[idempotent]` and `#[derive(StateMachine)]` generate. Not a
 /// public API: names and signatures change without notice.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::backend::Dialect;
-    pub use crate::glue::{
-        Codec, MachineRef, NoDatabaseInTheBody, PoolOf, codec, machine, machine_of_impl, picture,
-    };
     pub use crate::inbox::{AsInbox, AsMessageKey, ConsumerTransitionPlan, InboxPlan, InboxStage};
+    pub use crate::machine::reference::{MachineRef, machine, machine_of_impl, picture};
     pub use crate::transition::creation::CreationPlan;
     pub use crate::transition::declared::{creation_error, state_index};
     pub use crate::transition::engine::{TransitionPlan, TransitionStage};
-    pub use crate::value::column::{SetColumns, column_error};
-    pub use crate::work::statement::statement;
-    pub use crate::work::unit::{
-        Begun, Entered, Held, Origin, Plan, Staged, Work, begin, begin_in, start,
-    };
+    pub use crate::transition::set::{SetColumns, column_error};
+    pub use crate::work::source::{Origin, PoolOf};
+    pub use crate::work::statement::{NoDatabaseInTheBody, statement};
+    pub use crate::work::stored::{Codec, codec};
+    pub use crate::work::unit::{Begun, Entered, Held, Plan, Staged, Work, begin, begin_in, start};
     pub use core::convert::AsRef;
     pub use idem_sql::transition::{Assignment, SetTo};
     pub use sqlx::Pool;

@@ -1,4 +1,6 @@
-//! The databases idem runs on, and where transactions come from.
+//! The databases idem runs on, where transactions come from, and what their errors mean (a
+//! lost conflict, a duplicate key, a lock timeout), also inside a handler's own errors
+//! ([`conflict`]).
 //!
 //! All backends share one generic implementation ([`generic`]); a backend only says
 //! which [`Dialect`] of the generated SQL it speaks and how a write transaction begins.
@@ -11,6 +13,7 @@
 ))]
 mod generic;
 
+mod conflict;
 mod writers;
 
 #[cfg(feature = "any")]
@@ -22,6 +25,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use conflict::is_conflict_source;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
 use writers::wait_turn;

@@ -48,9 +48,8 @@ pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 use crate::backend::{Backend, Param, begin_write};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::glue::{Codec, codec};
 use crate::value::key::{KeyError, valid_text};
-use crate::work::stored::bounded;
+use crate::work::stored::{Codec, Fallible, bounded, codec};
 use crate::work::unit::{Begun, Work, begin, stages_only};
 use clock::millis;
 use counters::{Counter, Counters};
@@ -138,6 +137,20 @@ impl<T, R> Delivery<T, R> {
         }
     }
 }
+
+/// The return type of an `#[idempotent]` message handler (`inbox`, `message`, `payload`)
+/// whose body returns `R` (`Result<T, E>`): `Result<Delivery<T>, Error<E>>`.
+pub type Consumed<R> = Result<Delivery<<R as Fallible>::Ok>, Error<<R as Fallible>::Err>>;
+
+/// The return type of an `#[idempotent]` handler that is both a message handler and a
+/// transition of machine `M`: `Result<Delivery<T, Refusal<M>>, Error<E>>`.
+///
+/// [`Delivery::Processed`] when this delivery moved the row and ran the body;
+/// [`Delivery::Duplicate`] with the transition's first result when the message, or the
+/// transition, was done before; [`Delivery::Refused`] when the row is not in the source
+/// state (not yet, illegal, not found, stale), with nothing recorded.
+pub type ConsumedTransition<R, M> =
+    Result<Delivery<<R as Fallible>::Ok, crate::Refusal<M>>, Error<<R as Fallible>::Err>>;
 
 /// An inbox for one consumer group. Cheap to clone; clones share counters.
 ///

@@ -4,6 +4,7 @@
 
 pub(crate) mod definition;
 pub(crate) mod enforce;
+pub(crate) mod reference;
 pub(crate) mod results;
 pub(crate) mod sql;
 pub(crate) mod verify;

@@ -3,15 +3,17 @@
 use crate::backend::{Backend, Dialect, Param, Record};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
-use crate::glue::{Codec, MachineRef, codec, machine};
 use crate::machine::definition::{Definition, Machine};
+use crate::machine::reference::{MachineRef, machine};
 use crate::transition::classification::MissRate;
 use crate::transition::classify::{Classified, Guard, Observed, classify};
 use crate::transition::declared::Transition;
 use crate::transition::outcome::{Outcome, Refusal};
-use crate::value::column::{ColumnProblem, ColumnValue, SetColumns};
+use crate::transition::set::SetColumns;
+use crate::value::column::{ColumnProblem, ColumnValue};
 use crate::value::key::{Key, KeyError};
 use crate::work::observe::Labels;
+use crate::work::stored::{Codec, codec, replay};
 use crate::work::unit::{Begun, Entered, Entry, Plan, Staged, begin};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -770,14 +772,6 @@ fn not_moved<M>(
         Classified::Corrupt(problem) => return Err(corrupt(call, problem)),
         Classified::LostRace => return Err(corrupt(call, RowProblem::Unstable)),
     })
-}
-
-/// The first result, decoded; `None` when nothing was stored (no result was recorded for
-/// this transition, or it serialized to `null`, or retention removed it).
-pub(crate) fn replay<T, E>(codec: Codec<T>, stored: Option<String>) -> Result<Option<T>, Error<E>> {
-    stored
-        .map(|json| (codec.decode)(&json).map_err(Error::Result))
-        .transpose()
 }
 
 fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {

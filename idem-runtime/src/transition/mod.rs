@@ -8,3 +8,4 @@ pub(crate) mod creation;
 pub(crate) mod declared;
 pub(crate) mod engine;
 pub(crate) mod outcome;
+pub(crate) mod set;

@@ -4,6 +4,7 @@
 
 pub(crate) mod observe;
 pub(crate) mod retry;
+pub(crate) mod source;
 pub(crate) mod statement;
 pub(crate) mod stored;
 pub(crate) mod unit;
