@@ -33,8 +33,9 @@ pub use machine::verify::{ColumnRole, SchemaProblem, SchemaReport, verify};
 pub use transition::classification::{Classification, set_postgres_classification};
 pub use transition::creation::{Created, Creation};
 pub use transition::declared::{Transition, TransitionError};
-pub use transition::engine::{CallKey, run};
 pub use transition::outcome::{Handled, Outcome, OutcomeKind, Refusal};
+pub use transition::plan::run;
+pub use transition::stage::CallKey;
 pub use value::column::{ColumnProblem, ColumnType, ColumnValue, ToColumn};
 pub use value::key::{
     CompositeKey, Key, KeyError, MAX_KEY_LEN, MAX_KEY_TEXT_LEN, ToKey, ToVersion, ToWatermark,
@@ -53,8 +54,9 @@ pub mod __private {
     pub use crate::machine::reference::{MachineRef, machine, machine_of_impl, picture};
     pub use crate::transition::creation::CreationPlan;
     pub use crate::transition::declared::{creation_error, state_index};
-    pub use crate::transition::engine::{TransitionPlan, TransitionStage};
+    pub use crate::transition::plan::TransitionPlan;
     pub use crate::transition::set::{SetColumns, column_error};
+    pub use crate::transition::stage::TransitionStage;
     pub use crate::work::source::{Origin, PoolOf};
     pub use crate::work::statement::{NoDatabaseInTheBody, statement};
     pub use crate::work::stored::{Codec, codec};

@@ -9,10 +9,10 @@ use crate::backend::{Backend, Param, Record, is_duplicate};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
 use crate::machine::reference::MachineRef;
-use crate::transition::engine::{
-    CallKey, Moved, Params, Setting, checked_key, checked_key_text, key_params,
-};
+use crate::transition::params::{Params, key_params};
 use crate::transition::set::SetColumns;
+use crate::transition::set::Setting;
+use crate::transition::stage::{CallKey, Moved, checked_key, checked_key_text};
 use crate::value::column::{ColumnProblem, ColumnValue};
 use crate::value::key::{Key, KeyError};
 use crate::work::observe::Labels;

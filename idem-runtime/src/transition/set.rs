@@ -1,12 +1,14 @@
 //! The columns a handler sets in its transition's own UPDATE (`set(…)`): their statements,
-//! built once per backend, and the compile error for a column the transition owns.
-//!
-//! The values bound to them are the ground floor's [`ColumnValue`](crate::ColumnValue)s.
+//! built once per backend, the values one call binds to them, and the compile error for a
+//! column the transition owns.
 
 use crate::backend::Dialect;
+use crate::error::Error;
 use crate::machine::definition::Definition;
 use crate::transition::declared::TransitionError;
+use crate::value::column::{ColumnProblem, ColumnValue};
 use idem_sql::transition::{Assignment, Names, SetTo, Statements};
+use std::convert::Infallible;
 use std::sync::OnceLock;
 
 /// The columns one handler sets, and its statements, built once per backend on first use
@@ -45,6 +47,38 @@ impl SetColumns {
             .iter()
             .filter(|a| a.value == SetTo::Bound)
             .map(|a| a.column)
+    }
+}
+
+/// The columns a handler sets in the UPDATE, and their values (or the first that cannot
+/// be bound).
+pub(crate) struct Setting {
+    pub(crate) columns: &'static SetColumns,
+    pub(crate) values: Result<Vec<ColumnValue>, (&'static str, ColumnProblem)>,
+}
+
+impl Setting {
+    /// `columns` with `values`, one per bound column, in order.
+    pub(crate) fn new(
+        columns: &'static SetColumns,
+        values: Vec<Result<ColumnValue, ColumnProblem>>,
+    ) -> Self {
+        let values = columns
+            .bound()
+            .zip(values)
+            .map(|(column, value)| value.map_err(|problem| (column, problem)))
+            .collect();
+        Setting { columns, values }
+    }
+
+    /// The first value that cannot be bound, as the call's error.
+    pub(crate) fn check(&self) -> Result<&[ColumnValue], Error<Infallible>> {
+        self.values
+            .as_deref()
+            .map_err(|(column, problem)| Error::InvalidColumn {
+                column,
+                problem: problem.clone(),
+            })
     }
 }
 

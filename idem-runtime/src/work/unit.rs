@@ -39,7 +39,7 @@ use std::time::Duration;
 use tracing::{Instrument, Span};
 
 pub(crate) use crate::inbox::Recorded;
-pub(crate) use crate::transition::engine::Moved;
+pub(crate) use crate::transition::stage::Moved;
 
 /// What the stages of a call found.
 pub enum Entered<R> {
