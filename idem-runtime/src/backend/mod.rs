@@ -14,6 +14,7 @@
 mod generic;
 
 mod conflict;
+pub(crate) mod ddl;
 mod writers;
 
 #[cfg(feature = "any")]

@@ -45,7 +45,8 @@ pub use key::{AsMessageKey, MessageKey};
 pub use sql::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::{Backend, Param, begin_write};
+use crate::backend::ddl::{Ddl, install};
+use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::value::key::{KeyError, valid_text};
@@ -823,11 +824,13 @@ pub(crate) fn fingerprint(payload: &[u8]) -> String {
 /// rewrites each table once): [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or
 /// [`MYSQL_MIGRATION`], statement by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    let (mut tx, _writer) = begin_write(pool).await?;
-    for statement in sql::statements(sql::migration(DB::dialect(&tx)?)) {
-        DB::execute(&mut tx, statement, &[]).await?;
-    }
-    tx.commit().await
+    install(pool, |dialect| {
+        // Collected before any `.await`: held across one, `map(Ddl::Statement)` would keep
+        // rustc from proving this future `Send`.
+        let statements = sql::statements(sql::migration(dialect));
+        statements.map(Ddl::Statement).collect::<Vec<_>>()
+    })
+    .await
 }
 
 #[cfg(test)]
