@@ -1,7 +1,11 @@
-//! Errors: the handler's own, the database's, and bad data or input.
+//! Errors: the handler's own, the database's, and bad data or input; and whether a
+//! handler's error carries a lost conflict.
 
-use crate::column::ColumnProblem;
-use crate::key::KeyError;
+use crate::backend::is_conflict_source;
+use crate::value::column::ColumnProblem;
+use crate::value::key::KeyError;
+use core::any::Any;
+use std::error::Error as StdError;
 
 /// Why an `#[idempotent]` call did not produce an [`Outcome`](crate::Outcome).
 ///
@@ -153,7 +157,7 @@ impl<E> Error<E> {
     {
         match self {
             Error::Database(e) => crate::backend::is_conflict(e),
-            Error::Handler(e) => crate::conflict::handler_conflict(e),
+            Error::Handler(e) => handler_conflict(e),
             _ => false,
         }
     }
@@ -291,4 +295,29 @@ impl<E> From<sqlx::Error> for Error<E> {
     fn from(e: sqlx::Error) -> Self {
         Error::Database(e)
     }
+}
+
+/// Whether a handler's error of type `E` is, or carries, a lost conflict — for the types
+/// idem can see into without knowing them: `sqlx::Error`, boxed `dyn Error`s (their chain
+/// is walked), and `idem::Error<sqlx::Error>` (a handler called from another's body).
+fn handler_conflict<E: 'static>(error: &E) -> bool {
+    let any = error as &dyn Any;
+    if let Some(e) = any.downcast_ref::<sqlx::Error>() {
+        return crate::backend::is_conflict(e);
+    }
+    if let Some(e) = any.downcast_ref::<Error<sqlx::Error>>() {
+        return e.is_conflict();
+    }
+    boxed(any).is_some_and(is_conflict_source)
+}
+
+/// The `dyn Error` inside a boxed error of one of the usual shapes.
+fn boxed(any: &dyn Any) -> Option<&(dyn StdError + 'static)> {
+    if let Some(e) = any.downcast_ref::<Box<dyn StdError + Send + Sync>>() {
+        return Some(e.as_ref());
+    }
+    if let Some(e) = any.downcast_ref::<Box<dyn StdError + Send>>() {
+        return Some(e.as_ref());
+    }
+    any.downcast_ref::<Box<dyn StdError>>().map(AsRef::as_ref)
 }

@@ -26,7 +26,7 @@
 //! ```
 
 use crate::inbox::Delivery;
-use crate::outcome::Outcome;
+use crate::transition::outcome::Outcome;
 use serde::Serialize;
 use std::fmt::Debug;
 use std::future::Future;

@@ -180,7 +180,7 @@ pub(super) use bind_natively;
 #[allow(unused_macros)]
 macro_rules! bind_column {
     ($query:expr, $value:expr, uuid = |$id:ident| $uuid:expr) => {{
-        use $crate::column::{ColumnType, ColumnValue};
+        use $crate::value::column::{ColumnType, ColumnValue};
         let query = $query;
         match $value {
             ColumnValue::Int(n) => query.bind(*n),

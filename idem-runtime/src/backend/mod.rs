@@ -1,4 +1,6 @@
-//! The databases idem runs on, and where transactions come from.
+//! The databases idem runs on, where transactions come from, and what their errors mean (a
+//! lost conflict, a duplicate key, a lock timeout), also inside a handler's own errors
+//! ([`conflict`]).
 //!
 //! All backends share one generic implementation ([`generic`]); a backend only says
 //! which [`Dialect`] of the generated SQL it speaks and how a write transaction begins.
@@ -11,6 +13,8 @@
 ))]
 mod generic;
 
+mod conflict;
+pub(crate) mod ddl;
 mod writers;
 
 #[cfg(feature = "any")]
@@ -22,6 +26,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use conflict::is_conflict_source;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
 use writers::wait_turn;
@@ -99,7 +104,7 @@ pub enum Param<'a> {
     #[cfg(feature = "uuid")]
     Uuid(uuid::Uuid),
     /// The value of a column a handler sets in its transition.
-    Column(&'a crate::column::ColumnValue),
+    Column(&'a crate::value::column::ColumnValue),
 }
 
 /// A row as idem reads it: every column an integer, text or NULL.

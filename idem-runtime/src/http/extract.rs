@@ -3,7 +3,7 @@
 
 use super::problem::Problem;
 use crate::backend::Backend;
-use crate::work::Work;
+use crate::work::unit::Work;
 use axum_core::body::Body;
 use axum_core::extract::FromRequestParts;
 use http::request::Parts;

@@ -4,7 +4,7 @@
 //! length-prefixed, so no two different requests hash alike by shifting bytes between
 //! parts. The scope (principal) and the key are hashed apart, into the record's key.
 
-use crate::hex::hex;
+use crate::value::hex::hex;
 use http::HeaderName;
 use http::request::Parts;
 use sha2::{Digest, Sha256};

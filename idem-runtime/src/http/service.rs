@@ -12,10 +12,10 @@ use super::response::StoredResponse;
 use super::token::form_field;
 use crate::backend::Backend;
 use crate::error::Error;
-use crate::glue::codec;
 use crate::inbox::{Claimed, Delivery, InboxPlan, InboxStage, MessageKey};
-use crate::stored::MAX_RESULT_LEN;
-use crate::work::{Begun, Entered, Entry, Plan, Staged, begin};
+use crate::work::stored::MAX_RESULT_LEN;
+use crate::work::stored::codec;
+use crate::work::unit::{Begun, Entered, Entry, Plan, Staged, begin};
 use axum_core::body::Body;
 use bytes::Bytes;
 use core::future::Future;
@@ -508,8 +508,8 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
 
     fn applied(&self, _: StoredResponse) {}
 
-    fn labels(&self) -> crate::observe::Labels<'_> {
-        crate::observe::Labels::default()
+    fn labels(&self) -> crate::work::observe::Labels<'_> {
+        crate::work::observe::Labels::default()
     }
 
     fn outcome_name(_: &()) -> &'static str {

@@ -11,8 +11,8 @@
 //! in lowercase hex. A token is one exact string: the same token with its MAC in uppercase
 //! is refused as forged, since it would be another idempotency key for the same form.
 
-use crate::hex::hex;
 use crate::inbox::{Clock, SystemClock};
+use crate::value::hex::hex;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::sync::Arc;

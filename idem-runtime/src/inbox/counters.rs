@@ -81,7 +81,7 @@ impl Counters {
         if let Some(event) = event
             && n > 0
         {
-            crate::observe::inbox_event(&self.group, event, n);
+            crate::work::observe::inbox_event(&self.group, event, n);
         }
         let cell = match counter {
             Counter::Applied => &self.applied,

@@ -1,6 +1,6 @@
 //! Message keys: what makes two deliveries "the same message".
 
-use crate::key::{KeyError, valid_text};
+use crate::value::key::{KeyError, valid_text};
 use core::fmt;
 
 /// The key under which the inbox records a message, unique within a consumer group.

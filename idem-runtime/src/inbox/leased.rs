@@ -9,9 +9,9 @@ use super::{Claimed, Delivery, Inbox, Lease, MessageKey};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::glue::Codec;
-use crate::observe::Labels;
-use crate::work::{Entered, Entry, GaveUp, Plan};
+use crate::work::observe::Labels;
+use crate::work::stored::Codec;
+use crate::work::unit::{Entered, Entry, GaveUp, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 

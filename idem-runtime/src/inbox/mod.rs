@@ -32,6 +32,7 @@
 
 mod clock;
 mod counters;
+pub(crate) mod delivery;
 mod key;
 mod leased;
 mod record;
@@ -41,17 +42,18 @@ mod stage;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
+pub use delivery::Delivery;
 pub use key::{AsMessageKey, MessageKey};
 pub use sql::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::{Backend, Param, begin_write};
+use crate::backend::ddl::{Ddl, install};
+use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::glue::{Codec, codec};
-use crate::key::{KeyError, valid_text};
-use crate::stored::bounded;
-use crate::work::{Begun, Work, begin, stages_only};
+use crate::value::key::{KeyError, valid_text};
+use crate::work::stored::{Codec, bounded, codec};
+use crate::work::unit::{Begun, Work, begin, stages_only};
 use clock::millis;
 use counters::{Counter, Counters};
 use serde::Serialize;
@@ -66,78 +68,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering as AtomicOrdering};
 use std::task::Poll;
 use std::time::Duration;
-
-/// What became of a delivery.
-///
-/// `R` is why a handler that is also a transition refused a message
-/// ([`Refusal`](crate::Refusal)); for plain message handlers it is
-/// [`Infallible`], and `match`es need no arm for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "ack the broker only on `should_ack()`"]
-pub enum Delivery<T, R = Infallible> {
-    /// This delivery ran the handler, and its record (and, in the transactional mode, its
-    /// effects) committed.
-    Processed(T),
-    /// The message was processed before (or, for a handler that is also a transition, the
-    /// transition had already happened): the first result, replayed. A replay carries the
-    /// result only, never a state: the row may have moved on since.
-    Duplicate {
-        /// The first result; `None` if nothing was stored: it serialized to `null` (`()`),
-        /// or the transition was done without a stored result.
-        first_result: Option<T>,
-    },
-    /// The key was recorded with a different payload: the first effect stays, this
-    /// delivery was not applied. A producer bug; alert.
-    Conflict,
-    /// Another delivery of the message is being processed (or, on SQLite with a lock
-    /// timeout, the database's writer stayed busy past it). Nack with a delay.
-    InProgress {
-        /// When the other delivery's lease ends (milliseconds since the epoch), if leased.
-        lease_until_millis: Option<i64>,
-    },
-    /// The message was parked after its last allowed attempt, for a person to look at.
-    Dead {
-        /// The attempts made.
-        attempts: i64,
-        /// The last attempt's error.
-        last_error: Option<String>,
-    },
-    /// A handler that is also a transition refused the message: its row is not in the
-    /// transition's source state. Nothing was recorded or applied, so a redelivery is
-    /// evaluated again. Do **not** ack: on [`Refusal::NotYet`](crate::Refusal::NotYet) nack
-    /// with a delay (the message came early); on
-    /// [`Refusal::IllegalState`](crate::Refusal::IllegalState) alert, and let the broker
-    /// dead-letter it after its redeliveries.
-    Refused(R),
-}
-
-impl<T, R> Delivery<T, R> {
-    /// Whether to ack the message: `true` when it needs no more deliveries — processed, a
-    /// duplicate, a conflict or dead (redelivering those cannot change their fate).
-    /// `false` while another delivery works on it ([`InProgress`](Delivery::InProgress))
-    /// and when a transition refused it ([`Refused`](Delivery::Refused)): nack those.
-    pub fn should_ack(&self) -> bool {
-        !matches!(self, Delivery::InProgress { .. } | Delivery::Refused(_))
-    }
-
-    /// `true` only if this delivery ran the handler.
-    pub fn is_processed(&self) -> bool {
-        matches!(self, Delivery::Processed(_))
-    }
-
-    /// A short, stable name for the variant, for logs and metrics labels: `processed`,
-    /// `duplicate`, `conflict`, `in_progress`, `dead`, `refused`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Delivery::Processed(_) => "processed",
-            Delivery::Duplicate { .. } => "duplicate",
-            Delivery::Conflict => "conflict",
-            Delivery::InProgress { .. } => "in_progress",
-            Delivery::Dead { .. } => "dead",
-            Delivery::Refused(_) => "refused",
-        }
-    }
-}
 
 /// An inbox for one consumer group. Cheap to clone; clones share counters.
 ///
@@ -801,7 +731,7 @@ impl std::error::Error for SweeperError {
 
 /// The payload's SHA-256, hex: what "the same content" means.
 pub(crate) fn fingerprint(payload: &[u8]) -> String {
-    crate::hex::hex(&Sha256::digest(payload))
+    crate::value::hex::hex(&Sha256::digest(payload))
 }
 
 /// Creates idem's tables (the default results table and the inbox) if they do not
@@ -810,11 +740,13 @@ pub(crate) fn fingerprint(payload: &[u8]) -> String {
 /// rewrites each table once): [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or
 /// [`MYSQL_MIGRATION`], statement by statement.
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    let (mut tx, _writer) = begin_write(pool).await?;
-    for statement in sql::statements(sql::migration(DB::dialect(&tx)?)) {
-        DB::execute(&mut tx, statement, &[]).await?;
-    }
-    tx.commit().await
+    install(pool, |dialect| {
+        // Collected before any `.await`: held across one, `map(Ddl::Statement)` would keep
+        // rustc from proving this future `Send`.
+        let statements = sql::statements(sql::migration(dialect));
+        statements.map(Ddl::Statement).collect::<Vec<_>>()
+    })
+    .await
 }
 
 #[cfg(test)]

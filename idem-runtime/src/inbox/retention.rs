@@ -6,8 +6,8 @@ use super::Inbox;
 use super::counters::Counter;
 use crate::backend::{Backend, Param};
 use crate::error::Error;
-use crate::observe::Labels;
-use crate::work::{Entered, Entry, GaveUp, Plan};
+use crate::work::observe::Labels;
+use crate::work::unit::{Entered, Entry, GaveUp, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 

@@ -5,13 +5,13 @@ use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::{Delivery, Inbox, MessageKey, fingerprint};
 use crate::backend::{Backend, Param, insert_unless_taken};
-use crate::engine::{NotMoved, TransitionStage, replay};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::glue::Codec;
-use crate::observe::Labels;
-use crate::outcome::Refusal;
-use crate::work::{Entered, Entry, GaveUp, Plan, Staged};
+use crate::transition::outcome::Refusal;
+use crate::transition::stage::{NotMoved, TransitionStage};
+use crate::work::observe::Labels;
+use crate::work::stored::{Codec, replay};
+use crate::work::unit::{Entered, Entry, GaveUp, Plan, Staged};
 use std::convert::Infallible;
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The declared state machine: states, legal transitions, table and columns.
 
-use crate::sql::MachineSql;
+use crate::machine::sql::MachineSql;
 
 /// A state machine declared with `#[derive(StateMachine)]`.
 ///

@@ -11,9 +11,10 @@
 use crate::backend::{Backend, Dialect};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::observe::Labels;
-use crate::stored::bounded;
-use crate::work::{Entered, Entry, Origin, Plan, stages_only_at};
+use crate::work::observe::Labels;
+use crate::work::source::Origin;
+use crate::work::stored::bounded;
+use crate::work::unit::{Entered, Entry, Plan, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
 
@@ -66,6 +67,13 @@ where
         Err(e) => Err(e.widen()),
     }
 }
+
+/// What the name of a one-statement handler's pool means inside its body: nothing. The
+/// body runs before any statement, outside any transaction, so it has no database to use
+/// (take a transaction parameter instead, `&mut Transaction<'_, DB>`, for a body that
+/// writes).
+#[derive(Debug, Clone, Copy)]
+pub struct NoDatabaseInTheBody;
 
 /// A plan whose body already ran: its stage moves the row and stores `result`.
 struct StatementPlan<'p, P> {

@@ -1,7 +1,8 @@
 //! The table idem keeps first results in.
 
-use crate::backend::{Backend, begin_write};
-use crate::machine::Machine;
+use crate::backend::Backend;
+use crate::backend::ddl::{Ddl, install};
+use crate::machine::definition::Machine;
 use sqlx::Pool;
 
 /// Creates the results table of machine `M` if it does not exist (see
@@ -19,8 +20,9 @@ use sqlx::Pool;
 pub async fn create_results_table<M: Machine, DB: Backend>(
     pool: &Pool<DB>,
 ) -> Result<(), sqlx::Error> {
-    let (mut tx, _writer) = begin_write(pool).await?;
-    let sql = M::DEFINITION.sql.of(DB::dialect(&tx)?);
-    DB::execute(&mut tx, sql.create_results_table, &[]).await?;
-    tx.commit().await
+    install(pool, |dialect| {
+        let sql = M::DEFINITION.sql.of(dialect);
+        [Ddl::Statement(sql.create_results_table)]
+    })
+    .await
 }

@@ -1,4 +1,11 @@
-//! What a call to an `#[idempotent]` handler did.
+//! What a call to an `#[idempotent]` handler did, and the handler's return type that says so.
+
+use crate::error::Error;
+use crate::work::stored::Fallible;
+
+/// The return type of an `#[idempotent]` handler whose body returns `R`
+/// (`Result<T, E>`): `Result<Outcome<T, M>, Error<E>>`.
+pub type Handled<R, M> = Result<Outcome<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
 
 /// The outcome of an idempotent transition. `S` is the machine's state enum.
 ///

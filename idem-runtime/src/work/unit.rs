@@ -16,7 +16,7 @@
 //!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters.
 //!
 //! A [`Plan`] is the list of stages of one kind of call and the shape of its reply; the
-//! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`] says,
+//! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`](crate::Source) says,
 //! runs the body and calls [`Work::finish`], the same two calls for every combination.
 //! The leased inbox's claim, completion and lease extension, and each batch of a purge, are
 //! plans too, whose stage always ends the call (they have no body in the database), so they
@@ -28,17 +28,18 @@ use crate::backend::{
 };
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::observe::Labels;
-use crate::retry::Backoff;
-use crate::stored::bounded;
+use crate::work::observe::Labels;
+use crate::work::retry::Backoff;
+use crate::work::source::Origin;
+use crate::work::stored::bounded;
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
 use std::convert::Infallible;
 use std::time::Duration;
 use tracing::{Instrument, Span};
 
-pub(crate) use crate::engine::Moved;
 pub(crate) use crate::inbox::Recorded;
+pub(crate) use crate::transition::stage::Moved;
 
 /// What the stages of a call found.
 pub enum Entered<R> {
@@ -157,51 +158,6 @@ impl Held {
     /// refused at once instead of waiting for itself.
     pub async fn run<F: Future>(self, body: F) -> F::Output {
         holding(self.0, body).instrument(self.1).await
-    }
-}
-
-/// Where a handler's unit of work runs: a pool (idem begins and commits a transaction of
-/// its own) or a transaction the caller owns (idem works in a savepoint of it; the caller
-/// commits).
-///
-/// An `#[idempotent]` handler takes either as its first argument:
-/// `pay(&pool, 7, 1000)` or `pay(&mut tx, 7, 1000)` (inside another handler's body:
-/// `pay(&mut *tx, 7, 1000)`).
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is neither a pool nor a transaction of this handler's database",
-    label = "pass `&pool` (idem begins and commits) or a `&mut Transaction` (idem works inside it)",
-    note = "a `tx: Transaction<…>` of yours is passed as `&mut tx`; a `tx: &mut Transaction<…>` (another handler's body) as `&mut *tx`; the HTTP layer's `tx: idem::http::Tx<…>` as `&mut *tx`"
-)]
-pub trait Source<'c, DB: Backend>: Send + sealed::Sealed {
-    /// Where the unit of work begins.
-    #[doc(hidden)]
-    fn origin(self) -> Origin<'c, DB>;
-}
-
-/// Where a unit of work begins, see [`Source`].
-#[doc(hidden)]
-pub enum Origin<'c, DB: Backend> {
-    /// A transaction of its own, from this pool.
-    Pool(Pool<DB>),
-    /// A savepoint on this connection, inside the caller's transaction.
-    Within(&'c mut DB::Connection),
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl<DB: sqlx::Database> Sealed for &sqlx::Pool<DB> {}
-    impl<DB: sqlx::Database> Sealed for &mut sqlx::Transaction<'_, DB> {}
-}
-
-impl<'c, DB: Backend> Source<'c, DB> for &Pool<DB> {
-    fn origin(self) -> Origin<'c, DB> {
-        Origin::Pool(self.clone())
-    }
-}
-
-impl<'c, DB: Backend> Source<'c, DB> for &'c mut Transaction<'_, DB> {
-    fn origin(self) -> Origin<'c, DB> {
-        Origin::Within(&mut **self)
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! [`Statements::enforce`]: crate::Statements::enforce
 
-use crate::backend::{Backend, begin_write};
-use crate::machine::Machine;
+use crate::backend::Backend;
+use crate::backend::ddl::{Ddl, install};
+use crate::machine::definition::Machine;
 use sqlx::Pool;
 
 /// Makes the database enforce the state machine `M`, whoever writes its table: the state
@@ -40,8 +41,9 @@ use sqlx::Pool;
 /// # Ok(()) }
 /// ```
 pub async fn enforce<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    let (mut tx, _writer) = begin_write(pool).await?;
-    let script = M::DEFINITION.sql.of(DB::dialect(&tx)?).enforce;
-    DB::execute_script(&mut tx, script).await?;
-    tx.commit().await
+    install(pool, |dialect| {
+        let script = M::DEFINITION.sql.of(dialect).enforce;
+        [Ddl::Script(script)]
+    })
+    .await
 }

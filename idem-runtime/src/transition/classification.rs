@@ -1,7 +1,7 @@
 //! How a transition that matched no row is classified on PostgreSQL: in the same statement,
 //! or by a second one.
 
-use crate::transition::Transition;
+use crate::transition::declared::Transition;
 use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 
 /// How idem classifies a PostgreSQL transition that matched no row.

@@ -4,7 +4,7 @@
 //! machine does not declare, or a transition it does not allow, makes the constant panic
 //! during compilation, so the message below is what the user reads, on their own token.
 
-use crate::machine::{Definition, Machine};
+use crate::machine::definition::{Definition, Machine};
 
 /// One declared transition of a machine: what an `#[idempotent]` handler performs.
 ///

@@ -2,7 +2,7 @@
 //! every problem, instead of the first failing transition in production.
 
 use crate::backend::{Backend, Dialect, Param};
-use crate::machine::Machine;
+use crate::machine::definition::Machine;
 use idem_sql::catalog::{ColumnsOf, TypeKind};
 use sqlx::Pool;
 use std::fmt;

@@ -1,74 +1,28 @@
-//! The transition engine: one conditional UPDATE, the body, the stored result, one commit.
+//! The transition stage of a unit of work: one conditional UPDATE of one row; when it
+//! matches nothing, what the row says (a duplicate, a refusal, an event older than the row);
+//! and the row that moved, waiting for the body's result to be stored with it.
 
 use crate::backend::{Backend, Dialect, Param, Record};
-use crate::classification::MissRate;
-use crate::classify::{Classified, Guard, Observed, classify};
-use crate::column::{ColumnProblem, ColumnValue, SetColumns};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
-use crate::glue::{Codec, MachineRef, codec, machine};
-use crate::key::{Key, KeyError};
-use crate::machine::{Definition, Machine};
-use crate::observe::Labels;
-use crate::outcome::{Outcome, Refusal};
-use crate::transition::Transition;
-use crate::work::{Begun, Entered, Entry, Plan, Staged, begin};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use sqlx::{Pool, Transaction};
+use crate::machine::definition::Definition;
+use crate::machine::reference::MachineRef;
+use crate::transition::classification::MissRate;
+use crate::transition::classify::{Classified, Guard, Observed, classify};
+use crate::transition::declared::Transition;
+use crate::transition::outcome::{Outcome, Refusal};
+use crate::transition::params::Call;
+use crate::transition::set::{SetColumns, Setting};
+use crate::value::column::{ColumnProblem, ColumnValue};
+use crate::value::key::{Key, KeyError};
+use crate::work::observe::Labels;
+use crate::work::stored::{Codec, replay};
+use crate::work::unit::Entry;
 use std::convert::Infallible;
 
 /// How many times a lost race is re-examined before idem gives up with
 /// [`RowProblem::Unstable`]. One is enough on a database that keeps its promises.
 const LOST_RACE_ATTEMPTS: usize = 3;
-
-/// Runs `body` as the transition `transition` of the row `key`, at most once.
-///
-/// This is `#[idempotent]` without the macro: the same statements, the same outcomes.
-///
-/// ```
-/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-/// # #[machine(table = "orders", key = "id")]
-/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
-/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), idem::Error<sqlx::Error>> {
-/// const PAY: idem::Transition = idem::transition!(Order, "CREATED" => "PAID");
-/// let outcome: idem::Outcome<(), Order> = idem::run(&pool, PAY, idem::Key::Int(7).into(), None,
-///     async |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
-///         sqlx::query("INSERT INTO payments (order_id) VALUES (7)").execute(&mut **tx).await?;
-///         Ok::<_, sqlx::Error>(())
-///     }).await?;
-/// # let _ = outcome; Ok(()) }
-/// ```
-///
-/// The future of a call through an async closure is not `Send` on rustc 1.95 (the
-/// compiler cannot prove the closure general enough); to spawn calls, use `#[idempotent]`,
-/// whose handlers are `Send`.
-pub async fn run<M, DB, T, E, F>(
-    pool: &Pool<DB>,
-    transition: Transition,
-    key: CallKey,
-    expected_version: Option<i64>,
-    body: F,
-) -> Result<Outcome<T, M>, Error<E>>
-where
-    M: Machine,
-    DB: Backend,
-    T: Serialize + DeserializeOwned,
-    F: AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<T, E>,
-{
-    let plan = TransitionPlan::new(
-        TransitionStage::new(machine::<M>(), transition, key, expected_version),
-        codec::<Result<T, E>>(),
-    );
-    match begin(pool, &plan).await {
-        Begun::Run(mut work) => {
-            let held = work.held();
-            let result = held.run(body(work.transaction())).await;
-            work.finish(&plan, result).await
-        }
-        Begun::Done(done) => done.map_err(Error::widen),
-    }
-}
 
 /// The transition stage of a unit of work: the conditional UPDATE of one row.
 pub struct TransitionStage<M> {
@@ -83,38 +37,6 @@ pub struct TransitionStage<M> {
     /// under the key's text).
     event_key: Option<String>,
     set: Option<Setting>,
-}
-
-/// The columns a handler sets in the UPDATE, and their values (or the first that cannot
-/// be bound).
-pub(crate) struct Setting {
-    pub(crate) columns: &'static SetColumns,
-    pub(crate) values: Result<Vec<ColumnValue>, (&'static str, ColumnProblem)>,
-}
-
-impl Setting {
-    /// `columns` with `values`, one per bound column, in order.
-    pub(crate) fn new(
-        columns: &'static SetColumns,
-        values: Vec<Result<ColumnValue, ColumnProblem>>,
-    ) -> Self {
-        let values = columns
-            .bound()
-            .zip(values)
-            .map(|(column, value)| value.map_err(|problem| (column, problem)))
-            .collect();
-        Setting { columns, values }
-    }
-
-    /// The first value that cannot be bound, as the call's error.
-    pub(crate) fn check(&self) -> Result<&[ColumnValue], Error<Infallible>> {
-        self.values
-            .as_deref()
-            .map_err(|(column, problem)| Error::InvalidColumn {
-                column,
-                problem: problem.clone(),
-            })
-    }
 }
 
 /// The call's key, if it is one for `definition`'s key columns.
@@ -135,7 +57,7 @@ pub(crate) fn checked_key<'k>(
 /// statement, on every backend alike, never left to the column (MySQL outside strict mode
 /// truncates, and two keys would share one first result).
 pub(crate) fn checked_key_text(text: &str) -> Result<(), Error<Infallible>> {
-    if text.len() > crate::key::MAX_KEY_TEXT_LEN {
+    if text.len() > crate::value::key::MAX_KEY_TEXT_LEN {
         return Err(Error::InvalidKey(KeyError::TextTooLong { len: text.len() }));
     }
     Ok(())
@@ -346,85 +268,6 @@ impl<M> TransitionStage<M> {
     }
 }
 
-/// The plan of a transition handler: one stage, the transition; replies with an
-/// [`Outcome`].
-pub struct TransitionPlan<T, M> {
-    stage: TransitionStage<M>,
-    codec: Codec<T>,
-}
-
-impl<T, M> TransitionPlan<T, M> {
-    /// The plan of one transition stage, whose result is stored with `codec`.
-    pub fn new(stage: TransitionStage<M>, codec: Codec<T>) -> Self {
-        TransitionPlan { stage, codec }
-    }
-}
-
-impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
-    type Value = T;
-    type Reply = Outcome<T, M>;
-
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        self.stage.check()
-    }
-
-    async fn enter(
-        &self,
-        tx: &mut DB::Connection,
-        entry: Entry,
-    ) -> Result<Entered<Outcome<T, M>>, Error<Infallible>> {
-        Ok(match self.stage.enter::<DB>(tx, entry).await? {
-            Ok(moved) => Entered::Run(Staged {
-                moved: Some(moved),
-                recorded: None,
-            }),
-            Err(not_moved) => Entered::Done {
-                reply: not_moved.into_outcome(self.codec)?,
-                commit: false,
-            },
-        })
-    }
-
-    fn encode(&self, value: &T) -> Result<String, Error<Infallible>> {
-        (self.codec.encode)(value).map_err(Error::Result)
-    }
-
-    fn applied(&self, value: T) -> Outcome<T, M> {
-        Outcome::Applied(value)
-    }
-
-    fn labels(&self) -> Labels<'_> {
-        self.stage.labels()
-    }
-
-    fn outcome_name(reply: &Outcome<T, M>) -> &'static str {
-        reply.kind().as_str()
-    }
-}
-
-impl<DB: Backend, T, M: Send> crate::statement::Storing<DB> for TransitionPlan<T, M> {
-    const APPLIED: &'static str = "applied";
-
-    async fn enter_storing(
-        &self,
-        conn: &mut DB::Connection,
-        result: Option<&str>,
-        entry: Entry,
-    ) -> Result<Option<Outcome<T, M>>, Error<Infallible>> {
-        Ok(
-            match self.stage.enter_storing::<DB>(conn, result, entry).await? {
-                Ok(moved) => {
-                    if let (Some(json), false) = (result, moved.stored) {
-                        moved.store::<DB>(conn, json).await?;
-                    }
-                    None
-                }
-                Err(not_moved) => Some(not_moved.into_outcome(self.codec)?),
-            },
-        )
-    }
-}
-
 /// A transition that moved its row, waiting for the body's result to be stored.
 pub struct Moved {
     definition: &'static Definition,
@@ -493,180 +336,6 @@ impl From<Key> for CallKey {
 impl From<Result<Key, KeyError>> for CallKey {
     fn from(key: Result<Key, KeyError>) -> Self {
         CallKey(key)
-    }
-}
-
-struct Call<'a> {
-    transition: &'a Transition,
-    dialect: Dialect,
-    key: &'a Key,
-    key_text: &'a str,
-    /// The key its first result is stored under: the key's text, and for an event of a
-    /// stream its version too.
-    result_key: &'a str,
-    guard: Guard,
-    /// The handler's own statements and the values of the columns they set, if it sets any.
-    set: Option<(&'a idem_sql::transition::Statements, &'a [ColumnValue])>,
-    /// The first result, to store in the statement that moves the row (PostgreSQL).
-    storing: Option<&'a str>,
-}
-
-impl<'a> Call<'a> {
-    /// The statement's parameters: the key's columns, then `rest`.
-    fn params(&self, rest: &[Param<'a>]) -> Params<'a> {
-        let mut params = Params::default();
-        key_params(self.key, &mut params);
-        for &param in rest {
-            params.push(param);
-        }
-        params
-    }
-
-    /// The parameters of a statement that moves the row: [`params`](Self::params), the
-    /// guard's version (expected, or the event's), then the values of the columns the
-    /// handler sets.
-    fn update_params(&self, rest: &[Param<'a>]) -> Params<'a> {
-        let mut params = self.params(rest);
-        match self.guard {
-            Guard::Any => {}
-            Guard::Expected(v) | Guard::Watermark(v) => params.push(Param::Int(v)),
-        }
-        for value in self.set.map_or(&[][..], |(_, values)| values) {
-            params.push(Param::Column(value));
-        }
-        params
-    }
-
-    /// The statements that move the row: the handler's when it sets columns, else the
-    /// machine's.
-    fn updates(&self) -> Updates<'a> {
-        match self.set {
-            Some((sql, _)) => Updates {
-                transition: [
-                    &sql.transition,
-                    &sql.transition_guarded,
-                    &sql.transition_watermark,
-                ],
-                update: [&sql.update, &sql.update_guarded, &sql.update_watermark],
-                storing: [
-                    &sql.transition_storing,
-                    &sql.transition_storing_guarded,
-                    &sql.transition_storing_watermark,
-                ],
-            },
-            None => {
-                let sql = self.transition.definition.sql.of(self.dialect);
-                Updates {
-                    transition: [
-                        sql.transition,
-                        sql.transition_guarded,
-                        sql.transition_watermark,
-                    ],
-                    update: [sql.update, sql.update_guarded, sql.update_watermark],
-                    storing: [
-                        sql.transition_storing,
-                        sql.transition_storing_guarded,
-                        sql.transition_storing_watermark,
-                    ],
-                }
-            }
-        }
-    }
-}
-
-/// The statements that move a row, each without a guard, with the expected version, with
-/// an event's watermark.
-struct Updates<'a> {
-    transition: [&'a str; 3],
-    update: [&'a str; 3],
-    storing: [&'a str; 3],
-}
-
-impl<'a> Updates<'a> {
-    fn pick(statements: [&'a str; 3], guard: Guard) -> &'a str {
-        match guard {
-            Guard::Any => statements[0],
-            Guard::Expected(_) => statements[1],
-            Guard::Watermark(_) => statements[2],
-        }
-    }
-
-    /// PostgreSQL's UPDATE that classifies a miss itself.
-    fn transition(&self, guard: Guard) -> &'a str {
-        Self::pick(self.transition, guard)
-    }
-
-    /// The plain conditional UPDATE.
-    fn update(&self, guard: Guard) -> &'a str {
-        Self::pick(self.update, guard)
-    }
-
-    /// PostgreSQL's UPDATE that also stores the first result.
-    fn storing(&self, guard: Guard) -> &'a str {
-        Self::pick(self.storing, guard)
-    }
-}
-
-/// A statement's parameters: on the stack for up to [`Params::INLINE`] (a key of up to three
-/// columns), so a call allocates nothing for them.
-pub(crate) struct Params<'a> {
-    inline: [Param<'a>; Params::INLINE],
-    len: usize,
-    spilled: Vec<Param<'a>>,
-}
-
-impl Params<'_> {
-    const INLINE: usize = 8;
-}
-
-impl Default for Params<'_> {
-    fn default() -> Self {
-        Params {
-            inline: [Param::Null; Params::INLINE],
-            len: 0,
-            spilled: Vec::new(),
-        }
-    }
-}
-
-impl<'a> Params<'a> {
-    pub(crate) fn push(&mut self, param: Param<'a>) {
-        if self.len < Params::INLINE {
-            self.inline[self.len] = param;
-        } else {
-            if self.spilled.is_empty() {
-                self.spilled.extend_from_slice(&self.inline);
-            }
-            self.spilled.push(param);
-        }
-        self.len += 1;
-    }
-}
-
-impl<'a> core::ops::Deref for Params<'a> {
-    type Target = [Param<'a>];
-
-    fn deref(&self) -> &[Param<'a>] {
-        if self.len <= Params::INLINE {
-            &self.inline[..self.len]
-        } else {
-            &self.spilled
-        }
-    }
-}
-
-/// The key's columns, in order, as parameters.
-pub(crate) fn key_params<'a>(key: &'a Key, params: &mut Params<'a>) {
-    match key {
-        Key::Int(n) => params.push(Param::Int(*n)),
-        Key::Text(s) => params.push(Param::Text(s)),
-        #[cfg(feature = "uuid")]
-        Key::Uuid(id) => params.push(Param::Uuid(*id)),
-        Key::Composite(parts) => {
-            for part in parts.parts() {
-                key_params(part, params);
-            }
-        }
     }
 }
 
@@ -772,14 +441,6 @@ fn not_moved<M>(
     })
 }
 
-/// The first result, decoded; `None` when nothing was stored (no result was recorded for
-/// this transition, or it serialized to `null`, or retention removed it).
-pub(crate) fn replay<T, E>(codec: Codec<T>, stored: Option<String>) -> Result<Option<T>, Error<E>> {
-    stored
-        .map(|json| (codec.decode)(&json).map_err(Error::Result))
-        .transpose()
-}
-
 fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {
     let definition = call.transition.definition;
     Error::CorruptRow {
@@ -787,31 +448,5 @@ fn corrupt<E>(call: &Call<'_>, problem: RowProblem) -> Error<E> {
         table: definition.table,
         key: call.key_text.to_owned(),
         problem,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ints(params: &[Param<'_>]) -> Vec<i64> {
-        params
-            .iter()
-            .map(|p| match p {
-                Param::Int(n) => *n,
-                other => panic!("{other:?}"),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn parameters_stay_in_order_past_the_inline_ones() {
-        for n in [0, 1, 8, 9, 20] {
-            let mut params = Params::default();
-            for i in 0..n {
-                params.push(Param::Int(i));
-            }
-            assert_eq!(ints(&params), (0..n).collect::<Vec<_>>());
-        }
     }
 }

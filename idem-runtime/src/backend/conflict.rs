@@ -1,8 +1,6 @@
-//! Finding a lost conflict (serialization failure, deadlock, busy database) inside the
-//! errors a handler returns, so that [`retry`](crate::retry()) can call it again.
+//! Finding a lost conflict (serialization failure, deadlock, busy database) inside any
+//! error's source chain, so that [`retry_when`](crate::retry_when()) can call it again.
 
-use crate::error::Error;
-use core::any::Any;
 use std::error::Error as StdError;
 
 type DynError = dyn StdError + 'static;
@@ -30,36 +28,11 @@ pub fn is_conflict_source(error: &DynError) -> bool {
     while let Some(error) = next {
         if error
             .downcast_ref::<sqlx::Error>()
-            .is_some_and(crate::backend::is_conflict)
+            .is_some_and(super::is_conflict)
         {
             return true;
         }
         next = error.source();
     }
     false
-}
-
-/// Whether a handler's error of type `E` is, or carries, a lost conflict — for the types
-/// idem can see into without knowing them: `sqlx::Error`, boxed `dyn Error`s (their chain
-/// is walked), and `idem::Error<sqlx::Error>` (a handler called from another's body).
-pub(crate) fn handler_conflict<E: 'static>(error: &E) -> bool {
-    let any = error as &dyn Any;
-    if let Some(e) = any.downcast_ref::<sqlx::Error>() {
-        return crate::backend::is_conflict(e);
-    }
-    if let Some(e) = any.downcast_ref::<Error<sqlx::Error>>() {
-        return e.is_conflict();
-    }
-    boxed(any).is_some_and(is_conflict_source)
-}
-
-/// The `dyn Error` inside a boxed error of one of the usual shapes.
-fn boxed(any: &dyn Any) -> Option<&DynError> {
-    if let Some(e) = any.downcast_ref::<Box<dyn StdError + Send + Sync>>() {
-        return Some(e.as_ref());
-    }
-    if let Some(e) = any.downcast_ref::<Box<dyn StdError + Send>>() {
-        return Some(e.as_ref());
-    }
-    any.downcast_ref::<Box<dyn StdError>>().map(AsRef::as_ref)
 }

@@ -1,7 +1,7 @@
 //! Telling a duplicate from a bug: classification of a transition that updated no row.
 
 use crate::error::RowProblem;
-use crate::transition::Transition;
+use crate::transition::declared::Transition;
 
 /// The row as the database showed it after the conditional UPDATE matched nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,8 +121,8 @@ pub(crate) fn classify(transition: &Transition, observed: Observed, guard: Guard
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::Definition;
-    use crate::sql::{MachineSql, Statements};
+    use crate::machine::definition::Definition;
+    use crate::machine::sql::{MachineSql, Statements};
 
     const NO_SQL: Statements = Statements {
         transition: "",

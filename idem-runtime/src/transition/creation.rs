@@ -6,17 +6,20 @@
 //! call is refused).
 
 use crate::backend::{Backend, Param, Record, is_duplicate};
-use crate::column::{ColumnProblem, ColumnValue, SetColumns};
-use crate::engine::{
-    CallKey, Moved, Params, Setting, checked_key, checked_key_text, key_params, replay,
-};
 use crate::error::{Error, RowProblem};
 use crate::fault::{FaultPoint, reached};
-use crate::glue::{Codec, MachineRef};
-use crate::key::{Key, KeyError};
-use crate::observe::Labels;
-use crate::statement::Storing;
-use crate::work::{Entered, Entry, Plan, Staged};
+use crate::machine::reference::MachineRef;
+use crate::transition::params::{Params, key_params};
+use crate::transition::set::SetColumns;
+use crate::transition::set::Setting;
+use crate::transition::stage::{CallKey, Moved, checked_key, checked_key_text};
+use crate::value::column::{ColumnProblem, ColumnValue};
+use crate::value::key::{Key, KeyError};
+use crate::work::observe::Labels;
+use crate::work::statement::Storing;
+use crate::work::stored::Fallible;
+use crate::work::stored::{Codec, replay};
+use crate::work::unit::{Entered, Entry, Plan, Staged};
 use std::convert::Infallible;
 
 /// What a creation did. `S` is the machine's state enum.
@@ -78,6 +81,10 @@ impl<T, S> Creation<T, S> {
         }
     }
 }
+
+/// What a creation handler (`create = "…"`) returns: `Result<Creation<T, M>, Error<E>>`
+/// for a body returning `Result<T, E>`.
+pub type Created<R, M> = Result<Creation<<R as Fallible>::Ok, M>, Error<<R as Fallible>::Err>>;
 
 /// `params`, then the values of the columns the handler sets.
 fn with_values<'a>(mut params: Params<'a>, values: &'a [ColumnValue]) -> Params<'a> {
@@ -143,7 +150,7 @@ impl<T, M> CreationPlan<T, M> {
 }
 
 /// What a creation's statements did.
-enum Created<T, M> {
+enum Insertion<T, M> {
     /// The row is inserted (with its result, if the statement stored one).
     Inserted(Moved),
     /// The key was taken: the reply.
@@ -157,7 +164,7 @@ impl<T, M> CreationPlan<T, M> {
         &self,
         conn: &mut DB::Connection,
         storing: Option<&str>,
-    ) -> Result<Created<T, M>, Error<Infallible>> {
+    ) -> Result<Insertion<T, M>, Error<Infallible>> {
         let definition = self.machine.definition;
         let key = checked_key(&self.key, definition)?;
         let dialect = DB::dialect(conn)?;
@@ -207,7 +214,7 @@ impl<T, M> CreationPlan<T, M> {
                     if row.int("applied_version").is_some() {
                         reached(FaultPoint::Transitioned);
                         moved.stored = true;
-                        return Ok(Created::Inserted(moved));
+                        return Ok(Insertion::Inserted(moved));
                     }
                     row
                 }
@@ -222,7 +229,7 @@ impl<T, M> CreationPlan<T, M> {
                         match DB::execute(conn, create, &with_values(insert, values)).await {
                             Ok(1) => {
                                 reached(FaultPoint::Transitioned);
-                                return Ok(Created::Inserted(moved));
+                                return Ok(Insertion::Inserted(moved));
                             }
                             Ok(_) => None,
                             Err(e) if dialect.refuses_taken_keys() && is_duplicate(&e) => Some(e),
@@ -241,7 +248,7 @@ impl<T, M> CreationPlan<T, M> {
                 }
             };
             if let Some(reply) = self.answer(row)? {
-                return Ok(Created::Taken(reply));
+                return Ok(Insertion::Taken(reply));
             }
             // Deleted between the INSERT and the read (or, on PostgreSQL, committed after
             // the storing statement's snapshot): insert again.
@@ -284,8 +291,8 @@ impl<DB: Backend, T, M> Storing<DB> for CreationPlan<T, M> {
         _: Entry,
     ) -> Result<Option<Creation<T, M>>, Error<Infallible>> {
         let moved = match self.create::<DB>(conn, result).await? {
-            Created::Inserted(moved) => moved,
-            Created::Taken(reply) => return Ok(Some(reply)),
+            Insertion::Inserted(moved) => moved,
+            Insertion::Taken(reply) => return Ok(Some(reply)),
         };
         if let (Some(json), false) = (result, moved.stored) {
             moved.store::<DB>(conn, json).await?;
@@ -313,11 +320,11 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
         _: Entry,
     ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
         Ok(match self.create::<DB>(conn, None).await? {
-            Created::Inserted(moved) => Entered::Run(Staged {
+            Insertion::Inserted(moved) => Entered::Run(Staged {
                 moved: Some(moved),
                 recorded: None,
             }),
-            Created::Taken(reply) => Entered::Done {
+            Insertion::Taken(reply) => Entered::Done {
                 reply,
                 commit: false,
             },
