@@ -5,7 +5,8 @@
 //! ([`assert_applied_once`]), and the same deliveries in many shuffled orders
 //! ([`assert_shuffled`]), and assert what idem promises — every key applied exactly once,
 //! every duplicate answered with the first result. They panic, like `assert!`, with every
-//! answer in the message.
+//! answer in the message. The guide's page,
+//! [`idem::guide::testing`](https://docs.rs/idem/latest/idem/guide/testing/index.html), has a complete test.
 //!
 //! ```no_run
 //! # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]

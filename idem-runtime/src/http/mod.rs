@@ -32,60 +32,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! For each request on a route behind the layer:
+//! A request's key is recorded, scoped by its caller ([`IdempotencyLayer::principal`], or
+//! [`IdempotencyLayer::unscoped`] knowingly), in the transaction the handler writes through
+//! ([`Tx`]); the response is stored and committed with those writes, then sent. A repeat gets
+//! the first response with `Idempotent-Replayed: true`, the same key with another request a
+//! 422, a repeat while the first runs a 409. [`IdempotencyLayer::leased`] serves handlers that
+//! call an outside service; [`FormTokens`] makes HTML forms safe to submit twice.
 //!
-//! 1. **The key.** `Idempotency-Key` must be one Structured Field string
-//!    (`"8e03978e-…"`) or a bare token (`8e03978e-…`, accepted as the same key, since most
-//!    clients send one), 1–255 characters after unquoting (visible ASCII in a bare token,
-//!    printable ASCII between quotes). Missing (on a route that requires
-//!    it, the default), repeated or malformed: **400**, `application/problem+json`, nothing
-//!    runs or is stored.
-//! 2. **The body** is read, up to [`IdempotencyLayer::max_request_body`] (1 MiB by default;
-//!    beyond it **413**, never buffered further).
-//! 3. **The record.** In one transaction of your database, the key is recorded in idem's
-//!    inbox table under the layer's consumer group, as the SHA-256 of the principal
-//!    ([`IdempotencyLayer::principal`]) and the key (keys are never stored as sent, and one
-//!    principal's key never finds another's record; a layer says whose keys it keeps or it
-//!    does not compile: [`IdempotencyLayer::unscoped`] shares them knowingly), with the
-//!    request's fingerprint (the
-//!    SHA-256 of the method, the path and query, the headers named by
-//!    [`IdempotencyLayer::compare_headers`] and the body's bytes exactly as sent).
-//!    - A repeat of a finished request gets the first response: its **status, the headers
-//!      named by [`IdempotencyLayer::replay_headers`] and its body**, with
-//!      `Idempotent-Replayed: true`.
-//!    - The same key with a different fingerprint: **422**; the first response stays.
-//!    - The same key while its first request still runs: **409** with `Retry-After`, never
-//!      a second execution; or, with [`IdempotencyLayer::wait`], a repeat arriving at the same
-//!      process waits for the first (bounded) and gets its response. From another process,
-//!      on PostgreSQL the repeat gets the 409 at once; on SQLite it waits for the database's
-//!      writer, then replays; on MySQL it waits for the first's record, then replays.
-//!    - No request waits for the database longer than [`IdempotencyLayer::max_wait`] (10 s
-//!      by default): a writer busy past it (SQLite) is a **503** with `Retry-After`, nothing
-//!      ran; a record of the same key still held past it (MySQL) is the 409.
-//! 4. **The handler** runs with the transaction as its [`Tx`] extractor.
-//! 5. **The response** is stored in the record and committed with the handler's writes,
-//!    then sent: a crash before the commit leaves nothing (the retry runs again), after it
-//!    the retry is replayed. Not stored, with nothing committed: a status the policy does not
-//!    keep ([`IdempotencyLayer::store_if`]; by default every status below 500 is kept, so a
-//!    5xx's retry runs again), and a response the handler made without using its
-//!    transaction (an extractor's rejection, a validation error). A body longer than
-//!    [`IdempotencyLayer::max_stored_body`] (256 KiB by default), of unknown length, or an
-//!    event stream is sent as it is and not kept: the record commits with the status and
-//!    headers, a repeat replays them with an empty body, and a warning is logged.
-//!
-//! **The leased mode** ([`IdempotencyLayer::leased`]) is for handlers that call something
-//! outside the database: the key is claimed with a lease in a transaction of its own, kept
-//! alive while the handler runs, the handler runs without a [`Tx`] and passes
-//! [`RequestKey::derive`] to the outside call, and the response is recorded in a second
-//! transaction; a crashed request's key is taken over once its lease ends.
-//!
-//! **One-time form tokens** ([`FormTokens`], [`IdempotencyLayer::form_tokens`]): the server
-//! issues a signed, expiring token with each form, and its submit uses it as the key.
-//!
-//! **Retention.** Records are the inbox's: [`Inbox::purge`](crate::inbox::Inbox::purge) or
-//! [`IdempotencyLayer::spawn_sweeper`] delete those older than the retention (24 hours by
-//! default, [`IdempotencyLayer::retention`]) in bounded batches. A key reused after its record
-//! was purged runs again.
+//! The guide's HTTP page, [`idem::guide::http`](https://docs.rs/idem/latest/idem/guide/http/index.html),
+//! has every answer the layer gives and why, the leased mode, form tokens, retention, and a
+//! session against `examples/http_orders.rs`.
 
 mod extract;
 mod fingerprint;

@@ -5,30 +5,16 @@
 //! check-then-act), so a redelivery finds the record and is absorbed as a
 //! [`Delivery::Duplicate`] that replays the first result.
 //!
-//! # Two modes
+//! Two modes: **transactional**, [`Inbox::receive`] (the default), when the handler's effects
+//! are all in this database — the record and the effects commit in one transaction; and
+//! **leased**, [`Inbox::claim`], when the handler calls something outside it — a short
+//! transaction claims the key with a lease, the work runs, a second one records its result.
+//! Ack the broker only after the outcome is committed, on [`Delivery::should_ack`]. Records
+//! are kept for a retention period, then [`Inbox::purge`] deletes them in bounded batches.
 //!
-//! | mode | use when | how |
-//! |---|---|---|
-//! | transactional, [`Inbox::receive`] (the default) | the handler's effects are all in this database | the record and the effects commit in one transaction; a concurrent duplicate waits for the first (or, with [`Inbox::lock_timeout`], gets [`Delivery::InProgress`]) |
-//! | leased, [`Inbox::claim`] | the handler calls something outside the database (a payment API, e-mail) | a short transaction claims the key as PROCESSING with a lease; the work runs; a second transaction records SUCCESS with the result, or FAILED with the error. An expired lease (or a PROCESSING record with none, which idem never writes) can be taken over; after [`Inbox::max_attempts`] the message is parked as DEAD |
-//!
-//! In the leased mode the outside call may run twice (a crash after it, before the
-//! record): pass it a deterministic idempotency key, such as the message key, so the
-//! outside service can deduplicate too.
-//!
-//! Ack the broker only after the outcome is committed: on
-//! [`Delivery::should_ack`].
-//!
-//! # Retention
-//!
-//! Records are kept for a retention period, then [`Inbox::purge`] deletes them in bounded
-//! batches (never one unbounded DELETE, never a PROCESSING record). A replay older than the
-//! retention is **not** recognized: it applies again. Choose
-//!
-//! > retention ≥ broker retention + dead-letter queue retention + manual replay window + margin
-//!
-//! For example: a stream kept 7 days, a dead-letter queue kept 14 days, operators who may
-//! replay up to 3 days after the DLQ expires, and a 4-day margin: 7 + 14 + 3 + 4 = 28 days.
+//! The guide's inbox page, [`idem::guide::inbox`](https://docs.rs/idem/latest/idem/guide/inbox/index.html),
+//! tells the whole story: a complete JetStream consumer, the attribute's form, the leased mode,
+//! how to choose the retention, the table and its migrations, and what the tests prove.
 
 mod clock;
 mod counters;

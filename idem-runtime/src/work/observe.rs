@@ -1,34 +1,11 @@
 //! What idem tells the outside while it works: one `tracing` span per call, and, with the
 //! feature `metrics`, counters through the `metrics` facade.
 //!
-//! # The span
-//!
-//! Every unit of work runs in an INFO span named `idem`, whose fields follow OpenTelemetry's
-//! database and messaging conventions where they fit:
-//!
-//! | field | value |
-//! |---|---|
-//! | `db.system.name` | `sqlite` or `postgresql` |
-//! | `idem.machine` | the machine's id (`#[machine(id = …)]`, by default its table) |
-//! | `idem.transition` | `FROM->TO`; for a creation `->STATE` |
-//! | `messaging.consumer.group.name` | the inbox's consumer group |
-//! | `idem.key` | the business or message key — only after [`set_trace_keys(true)`](set_trace_keys): keys may be personal data |
-//! | `idem.outcome` | `applied`, `already_done`, `not_yet`, `illegal_state`, `not_found`, `stale_version`, `superseded`; for a creation `created`, `duplicate`, `conflict`; for deliveries `processed`, `duplicate`, `conflict`, `in_progress`, `dead`; for a leased claim `claimed`, for its completion `processed`, `failed`, `dead`; `error` |
-//! | `idem.retries` | conflicts lost before the body and retried |
-//! | `error.type` | for `error`: `handler`, `database`, `contention`, `invalid_key`, `invalid_column`, `invalid_watermark`, `corrupt_row`, `corrupt_record`, `lease_lost`, `result_too_large`, `result` |
-//!
-//! The handler's body runs inside the span, so its own events and spans nest under it.
-//!
-//! # Counters (feature `metrics`)
-//!
-//! - `idem_outcomes_total{machine, transition, consumer_group, outcome}`: one per call, by
-//!   outcome as in the span (labels that do not apply are left out);
-//! - `idem_retries_total{machine, transition, consumer_group}`: conflicts retried before the
-//!   body;
-//! - `idem_inbox_events_total{consumer_group, event}`: `lease_takeover`, `dead`, `purged`.
-//!
-//! Install any `metrics` recorder (Prometheus, StatsD, …) to export them. Records stuck in
-//! PROCESSING past their lease are counted by [`Inbox::stuck`](crate::inbox::Inbox::stuck).
+//! Every unit of work runs in an INFO span named `idem` with OpenTelemetry's field names
+//! where they fit, and its outcome is counted (feature `metrics`). The fields, their values and
+//! the counters are documented once, for users, on the guide's observability page
+//! ([`idem::guide::observability`](https://docs.rs/idem/latest/idem/guide/observability/index.html)): a change
+//! here changes that page, and `tests/observability.rs` checks both.
 
 use crate::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
