@@ -492,7 +492,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                 );
             }
             groups.push(chart::Group {
-                name: format!("{clients} clients"),
+                name: chart::count(clients, "client"),
                 bars: routes
                     .iter()
                     .map(|&i| {
@@ -502,21 +502,14 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
                                     / runs[BASELINE][r].requests_per_second
                             })
                             .collect();
-                        let (low, high) = ratios
-                            .iter()
-                            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-                        Some(chart::Bar {
-                            median: median(ratios),
-                            low,
-                            high,
-                        })
+                        Some(chart::Bar::of(ratios))
                     })
                     .collect(),
             });
         }
         let names: Vec<&str> = routes.iter().map(|&i| ROUTES[i]).collect();
         let svg = chart::bars(
-            &format!("{name}: {workload}"),
+            &format!("The Idempotency-Key layer, {name}: {workload}"),
             "requests/s / by-hand key table",
             &names,
             &groups,

@@ -866,17 +866,24 @@ fn draw(backend: &str, strategies: &[Strategy], results: &Results) {
     .filter(|s| strategies.contains(s))
     .collect();
     for workload in WORKLOADS {
+        // A cell whose calls failed is left out: failing fast is no throughput (SQLite's
+        // check-then-act, whose deferred transactions cannot upgrade to writers).
         let series: Vec<chart::Series> = ways
             .iter()
-            .map(|&strategy| chart::Series {
-                name: strategy.name().replace('`', ""),
-                values: TASKS
+            .map(|&strategy| {
+                let values: Vec<Option<f64>> = TASKS
                     .iter()
                     .map(|&t| {
                         let runs = &results[&(workload, t, strategy)];
-                        Some(median(runs.iter().map(|r| r.ops_per_sec).collect()))
+                        let failed = runs.iter().any(|r| r.errors > 0);
+                        (!failed).then(|| median(runs.iter().map(|r| r.ops_per_sec).collect()))
                     })
-                    .collect(),
+                    .collect();
+                let mut name = strategy.name().replace('`', "");
+                if values.iter().any(Option::is_none) {
+                    name.push_str(" (failed calls: not drawn)");
+                }
+                chart::Series { name, values }
             })
             .collect();
         let title = format!("{backend}: {}", workload.name());
@@ -915,11 +922,7 @@ fn draw(backend: &str, strategies: &[Strategy], results: &Results) {
         .map(|&t| {
             let floor = &results[&(Workload::Unique, t, Strategy::HandWritten)];
             chart::Group {
-                name: if t == 1 {
-                    "1 task".to_owned()
-                } else {
-                    format!("{t} tasks")
-                },
+                name: chart::count(t, "task"),
                 bars: compared
                     .iter()
                     .map(|&strategy| {
@@ -928,14 +931,7 @@ fn draw(backend: &str, strategies: &[Strategy], results: &Results) {
                             .zip(floor)
                             .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
                             .collect();
-                        let (low, high) = ratios
-                            .iter()
-                            .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
-                        Some(chart::Bar {
-                            median: median(ratios),
-                            low,
-                            high,
-                        })
+                        Some(chart::Bar::of(ratios))
                     })
                     .collect(),
             }

@@ -298,9 +298,9 @@ fn migration_statements(migration: &str) -> Vec<String> {
 /// and the guide is a statement the machines here generate, or statements of a migration.
 #[test]
 fn every_sql_block_shown_is_generated() {
-    let mut generated = statements_of(&Order::IDEM_SQL);
-    generated.extend(statements_of(&TenantOrder::IDEM_SQL));
-    generated.extend(statements_of(&Account::IDEM_SQL));
+    let mut generated = statements_of(Order::IDEM_SQL);
+    generated.extend(statements_of(TenantOrder::IDEM_SQL));
+    generated.extend(statements_of(Account::IDEM_SQL));
     generated.push(set_columns_update());
     generated.push(creation_insert());
     let migrated: Vec<String> = [

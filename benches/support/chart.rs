@@ -41,6 +41,33 @@ pub struct Bar {
     pub high: f64,
 }
 
+impl Bar {
+    /// The bar of the ratios measured in each round (at least one).
+    pub fn of(mut ratios: Vec<f64>) -> Bar {
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let median = if n % 2 == 1 {
+            ratios[n / 2]
+        } else {
+            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+        };
+        Bar {
+            median,
+            low: ratios[0],
+            high: ratios[n - 1],
+        }
+    }
+}
+
+/// `count` of `what`, for an axis: "1 task", "8 tasks".
+pub fn count(count: usize, what: &str) -> String {
+    if count == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{count} {what}s")
+    }
+}
+
 /// A group of [`bars`]: a category and one bar per series (`None`: not measured).
 pub struct Group {
     pub name: String,
