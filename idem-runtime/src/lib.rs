@@ -61,7 +61,7 @@ pub mod __private {
     pub use crate::work::source::{Origin, PoolOf};
     pub use crate::work::statement::{NoDatabaseInTheBody, statement};
     pub use crate::work::stored::{Codec, codec};
-    pub use crate::work::unit::{Begun, Entered, Held, Plan, Staged, Work, begin, begin_in, start};
+    pub use crate::work::unit::{Begun, Entered, Held, Kept, Plan, Work, begin, begin_in, start};
     pub use core::convert::AsRef;
     pub use idem_sql::transition::{Assignment, SetTo};
     pub use sqlx::Pool;

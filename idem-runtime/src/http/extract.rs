@@ -3,6 +3,7 @@
 
 use super::problem::Problem;
 use crate::backend::Backend;
+use crate::inbox::Recorded;
 use crate::work::unit::Work;
 use axum_core::body::Body;
 use axum_core::extract::FromRequestParts;
@@ -16,7 +17,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard};
 
 /// Where the unit of work waits while the handler runs (a request extension).
 pub(crate) struct Slot<DB: Backend> {
-    work: Arc<Mutex<Option<Work<'static, DB>>>>,
+    work: Arc<Mutex<Option<Work<'static, DB, Option<Recorded>>>>>,
     used: Arc<AtomicBool>,
 }
 
@@ -30,7 +31,7 @@ impl<DB: Backend> Clone for Slot<DB> {
 }
 
 impl<DB: Backend> Slot<DB> {
-    pub(crate) fn new(work: Work<'static, DB>) -> Self {
+    pub(crate) fn new(work: Work<'static, DB, Option<Recorded>>) -> Self {
         Slot {
             work: Arc::new(Mutex::new(Some(work))),
             used: Arc::new(AtomicBool::new(false)),
@@ -40,7 +41,7 @@ impl<DB: Backend> Slot<DB> {
     /// The unit of work back from the handler, and whether it used the transaction.
     /// `None` if the handler still holds its [`Tx`] (moved it into a task that outlives
     /// the request): the work is rolled back when that lets go.
-    pub(crate) fn take(&self) -> Option<(Work<'static, DB>, bool)> {
+    pub(crate) fn take(&self) -> Option<(Work<'static, DB, Option<Recorded>>, bool)> {
         let mut work = self.work.try_lock().ok()?;
         let work = work.take()?;
         Some((work, self.used.load(Ordering::Acquire)))
@@ -61,7 +62,10 @@ impl<DB: Backend> Slot<DB> {
 /// A handler that answers without using the transaction (a validation error, say) is not
 /// stored: nothing commits, and a repeat of the request runs again.
 pub struct Tx<DB: Backend> {
-    guard: OwnedMappedMutexGuard<Option<Work<'static, DB>>, Transaction<'static, DB>>,
+    guard: OwnedMappedMutexGuard<
+        Option<Work<'static, DB, Option<Recorded>>>,
+        Transaction<'static, DB>,
+    >,
     used: Arc<AtomicBool>,
 }
 

@@ -12,10 +12,10 @@ use super::response::StoredResponse;
 use super::token::form_field;
 use crate::backend::Backend;
 use crate::error::Error;
-use crate::inbox::{Claimed, Delivery, InboxPlan, InboxStage, MessageKey};
+use crate::inbox::{Claimed, Delivery, InboxPlan, InboxStage, MessageKey, Recorded};
 use crate::work::stored::MAX_RESULT_LEN;
 use crate::work::stored::codec;
-use crate::work::unit::{Begun, Entered, Entry, Plan, Staged, begin};
+use crate::work::unit::{Begun, Entered, Entry, Plan, begin};
 use axum_core::body::Body;
 use bytes::Bytes;
 use core::future::Future;
@@ -190,7 +190,7 @@ where
         Begun::Done(done) => return Ok(P::answer(done, Now::of(config))),
     };
     let held = work.held();
-    let slot = Slot::new(work);
+    let slot = Slot::new(work.map_kept(P::slotted));
     request.extensions_mut().insert(slot.clone());
     let response = held.run(inner.call(request)).await?;
     let Some((work, used)) = slot.take() else {
@@ -428,9 +428,17 @@ impl Now {
 trait Answer<DB: Backend>: Plan<DB> {
     /// `now`: the time, for `Retry-After`.
     fn answer(done: Result<Self::Reply, Error<Infallible>>, now: Now) -> Response<Body>;
+
+    /// What the stages keep, as the handler's slot holds it (a request with a key keeps its
+    /// record; one without keeps nothing).
+    fn slotted(kept: Self::Kept) -> Option<Recorded>;
 }
 
 impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
+    fn slotted(kept: Recorded) -> Option<Recorded> {
+        Some(kept)
+    }
+
     fn answer(
         done: Result<Delivery<StoredResponse>, Error<Infallible>>,
         now: Now,
@@ -488,6 +496,7 @@ struct Unrecorded;
 impl<DB: Backend> Plan<DB> for Unrecorded {
     type Value = StoredResponse;
     type Reply = ();
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())
@@ -498,7 +507,7 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
         _: &mut DB::Connection,
         _: Entry,
     ) -> Result<Entered<()>, Error<Infallible>> {
-        Ok(Entered::Run(Staged::default()))
+        Ok(Entered::Run(()))
     }
 
     fn encode(&self, _: &StoredResponse) -> Result<String, Error<Infallible>> {
@@ -518,6 +527,10 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
 }
 
 impl<DB: Backend> Answer<DB> for Unrecorded {
+    fn slotted((): ()) -> Option<Recorded> {
+        None
+    }
+
     fn answer(done: Result<(), Error<Infallible>>, _: Now) -> Response<Body> {
         match done {
             Ok(()) => server_error("a request without a key ended before its handler"),

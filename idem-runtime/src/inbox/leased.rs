@@ -44,6 +44,7 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
     // No body: a claim ends in its stage.
     type Value = Infallible;
     type Reply = Claim<T>;
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())
@@ -239,6 +240,7 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
     // No body: a completion ends in its stage.
     type Value = Infallible;
     type Reply = Recorded;
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())
@@ -341,6 +343,7 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
     // No body: an extension ends in its stage.
     type Value = Infallible;
     type Reply = Extended;
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())

@@ -473,7 +473,7 @@ pub enum Received<DB: Backend, T> {
 /// A recorded delivery whose transaction waits for the handler's effects. Dropping it
 /// rolls the record back: the next delivery will process the message.
 pub struct Receipt<DB: Backend> {
-    work: Work<'static, DB>,
+    work: Work<'static, DB, Recorded>,
     stage: InboxStage,
 }
 

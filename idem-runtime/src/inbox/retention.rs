@@ -27,6 +27,7 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
     // No body: a batch ends in its stage.
     type Value = Infallible;
     type Reply = Purged;
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())

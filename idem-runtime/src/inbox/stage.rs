@@ -8,10 +8,10 @@ use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::transition::outcome::Refusal;
-use crate::transition::stage::{NotMoved, TransitionStage};
+use crate::transition::stage::{Moved, NotMoved, TransitionStage};
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, replay};
-use crate::work::unit::{Entered, Entry, GaveUp, Plan, Staged};
+use crate::work::unit::{Entered, Entry, GaveUp, Kept, Plan};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -213,9 +213,9 @@ impl InboxStage {
     }
 }
 
-impl Recorded {
+impl Kept for Recorded {
     /// Stores the handler's result (JSON, not `null`) in the record.
-    pub(crate) async fn store<DB: Backend>(
+    async fn store<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
         json: &str,
@@ -231,7 +231,7 @@ impl Recorded {
     }
 
     /// Counts a delivery whose handler ran and committed.
-    pub(crate) fn applied(&self) {
+    fn committed(&self) {
         self.inbox.counters.add(Counter::Applied, 1);
         if self.takeover {
             self.inbox.counters.add(Counter::Takeovers, 1);
@@ -255,6 +255,7 @@ impl<T> InboxPlan<T> {
 impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     type Value = T;
     type Reply = Delivery<T>;
+    type Kept = Recorded;
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())
@@ -269,17 +270,14 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
         &self,
         tx: &mut DB::Connection,
         _: Entry,
-    ) -> Result<Entered<Delivery<T>>, Error<Infallible>> {
+    ) -> Result<Entered<Delivery<T>, Recorded>, Error<Infallible>> {
         Ok(
             match self
                 .stage
                 .enter::<DB, T, Infallible>(tx, self.codec)
                 .await?
             {
-                Ok(recorded) => Entered::Run(Staged {
-                    moved: None,
-                    recorded: Some(recorded),
-                }),
+                Ok(recorded) => Entered::Run(recorded),
                 Err(delivery) => Entered::Done {
                     reply: delivery,
                     commit: false,
@@ -342,6 +340,7 @@ where
 {
     type Value = T;
     type Reply = Delivery<T, Refusal<M>>;
+    type Kept = (Moved, Recorded);
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         self.transition.check()
@@ -356,7 +355,7 @@ where
         &self,
         tx: &mut DB::Connection,
         _: Entry,
-    ) -> Result<Entered<Self::Reply>, Error<Infallible>> {
+    ) -> Result<Entered<Self::Reply, Self::Kept>, Error<Infallible>> {
         let recorded = match self
             .inbox
             .enter::<DB, T, Refusal<M>>(tx, self.codec)
@@ -372,10 +371,7 @@ where
         };
         Ok(
             match self.transition.enter::<DB>(tx, Entry::Nested).await? {
-                Ok(moved) => Entered::Run(Staged {
-                    moved: Some(moved),
-                    recorded: Some(recorded),
-                }),
+                Ok(moved) => Entered::Run((moved, recorded)),
                 Err(NotMoved::AlreadyDone { first_result, .. }) => {
                     // Done before, by another message or call: this message is a duplicate
                     // of it. Keep the record, with the first result to replay.

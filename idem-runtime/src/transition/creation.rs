@@ -19,7 +19,7 @@ use crate::work::observe::Labels;
 use crate::work::statement::Storing;
 use crate::work::stored::Fallible;
 use crate::work::stored::{Codec, replay};
-use crate::work::unit::{Entered, Entry, Plan, Staged};
+use crate::work::unit::{Entered, Entry, Kept, Plan};
 use std::convert::Infallible;
 
 /// What a creation did. `S` is the machine's state enum.
@@ -304,6 +304,7 @@ impl<DB: Backend, T, M> Storing<DB> for CreationPlan<T, M> {
 impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
     type Value = T;
     type Reply = Creation<T, M>;
+    type Kept = Moved;
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         checked_key(&self.key, self.machine.definition)?;
@@ -318,12 +319,9 @@ impl<DB: Backend, T, M> Plan<DB> for CreationPlan<T, M> {
         &self,
         conn: &mut DB::Connection,
         _: Entry,
-    ) -> Result<Entered<Creation<T, M>>, Error<Infallible>> {
+    ) -> Result<Entered<Creation<T, M>, Moved>, Error<Infallible>> {
         Ok(match self.create::<DB>(conn, None).await? {
-            Insertion::Inserted(moved) => Entered::Run(Staged {
-                moved: Some(moved),
-                recorded: None,
-            }),
+            Insertion::Inserted(moved) => Entered::Run(moved),
             Insertion::Taken(reply) => Entered::Done {
                 reply,
                 commit: false,

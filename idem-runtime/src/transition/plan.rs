@@ -7,10 +7,10 @@ use crate::machine::definition::Machine;
 use crate::machine::reference::machine;
 use crate::transition::declared::Transition;
 use crate::transition::outcome::Outcome;
-use crate::transition::stage::{CallKey, TransitionStage};
+use crate::transition::stage::{CallKey, Moved, TransitionStage};
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, codec};
-use crate::work::unit::{Begun, Entered, Entry, Plan, Staged, begin};
+use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
@@ -81,6 +81,7 @@ impl<T, M> TransitionPlan<T, M> {
 impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
     type Value = T;
     type Reply = Outcome<T, M>;
+    type Kept = Moved;
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         self.stage.check()
@@ -90,12 +91,9 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
         &self,
         tx: &mut DB::Connection,
         entry: Entry,
-    ) -> Result<Entered<Outcome<T, M>>, Error<Infallible>> {
+    ) -> Result<Entered<Outcome<T, M>, Moved>, Error<Infallible>> {
         Ok(match self.stage.enter::<DB>(tx, entry).await? {
-            Ok(moved) => Entered::Run(Staged {
-                moved: Some(moved),
-                recorded: None,
-            }),
+            Ok(moved) => Entered::Run(moved),
             Err(not_moved) => Entered::Done {
                 reply: not_moved.into_outcome(self.codec)?,
                 commit: false,

@@ -18,6 +18,7 @@ use crate::value::key::{Key, KeyError};
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, replay};
 use crate::work::unit::Entry;
+use crate::work::unit::Kept;
 use std::convert::Infallible;
 
 /// How many times a lost race is re-examined before idem gives up with
@@ -298,9 +299,11 @@ impl Moved {
             stored: false,
         }
     }
+}
 
+impl Kept for Moved {
     /// Stores the body's result (JSON, not `null`) as the transition's first result.
-    pub(crate) async fn store<DB: Backend>(
+    async fn store<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
         json: &str,

@@ -86,6 +86,7 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
     type Value = Infallible;
     /// `None`: the row moved and its result is stored.
     type Reply = Option<P::Reply>;
+    type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
         Ok(())

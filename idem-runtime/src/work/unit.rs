@@ -15,6 +15,11 @@
 //! 4. **finish** — the body's result encoded once and bounded, stored by each stage that
 //!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters.
 //!
+//! What a stage needs between its entry and the commit (where to store the result, what to
+//! count once committed) is its [`Kept`]: the unit of work holds the plan's `Kept` (one
+//! stage's, a tuple of several, or `()`) without knowing which stages it comes from, so a
+//! new stage brings its own `Kept` and [`Work::finish`] stays as it is.
+//!
 //! A [`Plan`] is the list of stages of one kind of call and the shape of its reply; the
 //! code `#[idempotent]` generates builds one, calls [`start`] where its [`Source`](crate::Source) says,
 //! runs the body and calls [`Work::finish`], the same two calls for every combination.
@@ -38,13 +43,14 @@ use std::convert::Infallible;
 use std::time::Duration;
 use tracing::{Instrument, Span};
 
-pub(crate) use crate::inbox::Recorded;
-pub(crate) use crate::transition::stage::Moved;
+#[cfg(doc)]
+use crate::{inbox::Recorded, transition::stage::Moved};
 
 /// What the stages of a call found.
-pub enum Entered<R> {
-    /// Every stage lets the call go on: run the body, then [`Work::finish`].
-    Run(Staged),
+pub enum Entered<R, K = ()> {
+    /// Every stage lets the call go on: run the body, then [`Work::finish`] with what the
+    /// stages keep until the commit.
+    Run(K),
     /// The call ends here with `reply`; `commit` says whether the stages' writes are kept
     /// (an inbox record of a delivery that had nothing left to do) or rolled back.
     Done {
@@ -55,11 +61,66 @@ pub enum Entered<R> {
     },
 }
 
-/// What the stages leave for [`Work::finish`] to store with the body's result.
-#[derive(Default)]
-pub struct Staged {
-    pub(crate) moved: Option<Moved>,
-    pub(crate) recorded: Option<Recorded>,
+/// What a stage keeps from its entry until the commit: it stores the body's result in the
+/// unit of work's transaction, and hears that the transaction committed.
+///
+/// The unit of work holds it without naming it: each stage keeps its own (the transition's
+/// [`Moved`], the inbox's [`Recorded`]), a plan of several stages keeps a tuple of theirs,
+/// and a plan whose stages keep nothing keeps `()`. A new stage joins every form by
+/// implementing it; [`Work::finish`] does not change.
+pub trait Kept: Send + Sync {
+    /// Stores the body's result, serialized (never `null`), in the open transaction.
+    fn store<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The transaction committed (after the body ran): where a stage counts its success.
+    fn committed(&self) {}
+}
+
+impl Kept for () {
+    async fn store<DB: Backend>(&self, _: &mut DB::Connection, _: &str) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+}
+
+/// A stage's keep, or nothing.
+impl<K: Kept> Kept for Option<K> {
+    async fn store<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: &str,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Some(kept) => kept.store::<DB>(conn, json).await,
+            None => Ok(()),
+        }
+    }
+
+    fn committed(&self) {
+        if let Some(kept) = self {
+            kept.committed();
+        }
+    }
+}
+
+/// Two stages' keeps, stored in order.
+impl<A: Kept, B: Kept> Kept for (A, B) {
+    async fn store<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: &str,
+    ) -> Result<(), sqlx::Error> {
+        self.0.store::<DB>(conn, json).await?;
+        self.1.store::<DB>(conn, json).await
+    }
+
+    fn committed(&self) {
+        self.0.committed();
+        self.1.committed();
+    }
 }
 
 /// Makes the reply of a call that gave up waiting for the writer's turn (or its error).
@@ -84,6 +145,8 @@ pub trait Plan<DB: Backend>: Sync {
     type Value;
     /// What the call returns when it does not fail.
     type Reply;
+    /// What its stages keep until the commit (`()` for none).
+    type Kept: Kept;
 
     /// Checks the call's input (its keys) before any statement runs.
     fn check(&self) -> Result<(), Error<Infallible>>;
@@ -106,7 +169,7 @@ pub trait Plan<DB: Backend>: Sync {
         &'a self,
         tx: &'a mut DB::Connection,
         entry: Entry,
-    ) -> impl Future<Output = Result<Entered<Self::Reply>, Error<Infallible>>> + Send + 'a;
+    ) -> impl Future<Output = Result<Entered<Self::Reply, Self::Kept>, Error<Infallible>>> + Send + 'a;
 
     /// The body's value, serialized (`"null"` for nothing to store).
     fn encode(&self, value: &Self::Value) -> Result<String, Error<Infallible>>;
@@ -132,20 +195,20 @@ pub trait Plan<DB: Backend>: Sync {
 // Moved once per call, never stored: boxing the open transaction would cost an
 // allocation per call.
 #[allow(clippy::large_enum_variant)]
-pub enum Begun<'c, DB: Backend, R> {
+pub enum Begun<'c, DB: Backend, R, K = ()> {
     /// Run the body, then [`Work::finish`].
-    Run(Work<'c, DB>),
+    Run(Work<'c, DB, K>),
     /// Nothing (more) to do: the reply, or the error. The transaction is already ended.
     Done(Result<R, Error<Infallible>>),
 }
 
 /// An open unit of work whose stages all let the call go on, waiting for the body's
 /// result. Dropping it rolls everything back.
-pub struct Work<'c, DB: Backend> {
+pub struct Work<'c, DB: Backend, K = ()> {
     tx: Transaction<'c, DB>,
     // Released after COMMIT or ROLLBACK, when the work is dropped.
     _writer: Option<WriterGuard>,
-    staged: Staged,
+    kept: K,
     span: Span,
 }
 
@@ -165,7 +228,7 @@ impl Held {
 pub async fn start<'c, DB: Backend, P: Plan<DB>>(
     origin: Origin<'c, DB>,
     plan: &P,
-) -> Begun<'c, DB, P::Reply> {
+) -> Begun<'c, DB, P::Reply, P::Kept> {
     match origin {
         Origin::Pool(pool) => begin(&pool, plan).await,
         Origin::Within(conn) => begin_in(conn, plan).await,
@@ -177,7 +240,7 @@ pub async fn start<'c, DB: Backend, P: Plan<DB>>(
 pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
     pool: &Pool<DB>,
     plan: &P,
-) -> Begun<'c, DB, P::Reply> {
+) -> Begun<'c, DB, P::Reply, P::Kept> {
     let labels = plan.labels();
     let span = labels.span();
     let (begun, retries) = begin_retrying(pool, plan, &span)
@@ -222,8 +285,8 @@ pub(crate) async fn stages_only_at<'c, DB: Backend, P: Plan<DB, Value = Infallib
 fn observed<'c, DB: Backend, P: Plan<DB>>(
     labels: &Labels<'_>,
     span: Span,
-    begun: Begun<'c, DB, P::Reply>,
-) -> Begun<'c, DB, P::Reply> {
+    begun: Begun<'c, DB, P::Reply, P::Kept>,
+) -> Begun<'c, DB, P::Reply, P::Kept> {
     match begun {
         Begun::Run(mut work) => {
             work.span = span;
@@ -285,7 +348,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
     pool: &Pool<DB>,
     plan: &P,
     span: &Span,
-) -> (Begun<'c, DB, P::Reply>, u32) {
+) -> (Begun<'c, DB, P::Reply, P::Kept>, u32) {
     if let Err(e) = plan.check() {
         return (Begun::Done(Err(e)), 0);
     }
@@ -317,11 +380,11 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
             Err(e) => Err(Error::from(e)),
         };
         match entered {
-            Ok((Opened::Transaction(tx), writer, Entered::Run(staged))) => {
+            Ok((Opened::Transaction(tx), writer, Entered::Run(kept))) => {
                 let work = Work {
                     tx,
                     _writer: writer,
-                    staged,
+                    kept,
                     span: Span::none(),
                 };
                 return (Begun::Run(work), backoff.attempts());
@@ -367,7 +430,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
 pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
     conn: &'c mut DB::Connection,
     plan: &P,
-) -> Begun<'c, DB, P::Reply> {
+) -> Begun<'c, DB, P::Reply, P::Kept> {
     let labels = plan.labels();
     let span = labels.span();
     if let Ok(dialect) = DB::dialect(conn) {
@@ -380,7 +443,7 @@ pub async fn begin_in<'c, DB: Backend, P: Plan<DB>>(
 async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
     conn: &'c mut DB::Connection,
     plan: &P,
-) -> Begun<'c, DB, P::Reply> {
+) -> Begun<'c, DB, P::Reply, P::Kept> {
     if let Err(e) = plan.check() {
         return Begun::Done(Err(e));
     }
@@ -389,10 +452,10 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
         Err(e) => return Begun::Done(Err(e.into())),
     };
     match plan.enter(&mut savepoint, Entry::Nested).await {
-        Ok(Entered::Run(staged)) => Begun::Run(Work {
+        Ok(Entered::Run(kept)) => Begun::Run(Work {
             tx: savepoint,
             _writer: None,
-            staged,
+            kept,
             span: Span::none(),
         }),
         Ok(Entered::Done { reply, commit }) => {
@@ -411,10 +474,20 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
     }
 }
 
-impl<'c, DB: Backend> Work<'c, DB> {
+impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
     /// The transaction the body runs in.
     pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
         &mut self.tx
+    }
+
+    /// The same unit of work, keeping `f` of what its stages kept.
+    pub(crate) fn map_kept<K2>(self, f: impl FnOnce(K) -> K2) -> Work<'c, DB, K2> {
+        Work {
+            tx: self.tx,
+            _writer: self._writer,
+            kept: f(self.kept),
+            span: self.span,
+        }
     }
 
     /// The writer turn this unit holds, to run the body under ([`Held::run`]).
@@ -463,18 +536,11 @@ impl<'c, DB: Backend> Work<'c, DB> {
             .map_err(Error::widen)?;
         // A result that serializes to `null` (`()`, `None`) replays without storage.
         if json != "null" {
-            if let Some(moved) = &self.staged.moved {
-                moved.store::<DB>(&mut self.tx, &json).await?;
-            }
-            if let Some(recorded) = &self.staged.recorded {
-                recorded.store::<DB>(&mut self.tx, &json).await?;
-            }
+            self.kept.store::<DB>(&mut self.tx, &json).await?;
         }
         self.tx.commit().await?;
         reached(FaultPoint::Committed);
-        if let Some(recorded) = &self.staged.recorded {
-            recorded.applied();
-        }
+        self.kept.committed();
         Ok(plan.applied(value))
     }
 }
