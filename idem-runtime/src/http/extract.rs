@@ -15,9 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard};
 
+/// The unit of work of a request: its record (none without a key) is what it keeps.
+pub(crate) type RequestWork<DB> = Work<'static, DB, Option<Recorded>>;
+
 /// Where the unit of work waits while the handler runs (a request extension).
 pub(crate) struct Slot<DB: Backend> {
-    work: Arc<Mutex<Option<Work<'static, DB, Option<Recorded>>>>>,
+    work: Arc<Mutex<Option<RequestWork<DB>>>>,
     used: Arc<AtomicBool>,
 }
 
@@ -31,7 +34,7 @@ impl<DB: Backend> Clone for Slot<DB> {
 }
 
 impl<DB: Backend> Slot<DB> {
-    pub(crate) fn new(work: Work<'static, DB, Option<Recorded>>) -> Self {
+    pub(crate) fn new(work: RequestWork<DB>) -> Self {
         Slot {
             work: Arc::new(Mutex::new(Some(work))),
             used: Arc::new(AtomicBool::new(false)),
@@ -41,7 +44,7 @@ impl<DB: Backend> Slot<DB> {
     /// The unit of work back from the handler, and whether it used the transaction.
     /// `None` if the handler still holds its [`Tx`] (moved it into a task that outlives
     /// the request): the work is rolled back when that lets go.
-    pub(crate) fn take(&self) -> Option<(Work<'static, DB, Option<Recorded>>, bool)> {
+    pub(crate) fn take(&self) -> Option<(RequestWork<DB>, bool)> {
         let mut work = self.work.try_lock().ok()?;
         let work = work.take()?;
         Some((work, self.used.load(Ordering::Acquire)))
@@ -62,10 +65,7 @@ impl<DB: Backend> Slot<DB> {
 /// A handler that answers without using the transaction (a validation error, say) is not
 /// stored: nothing commits, and a repeat of the request runs again.
 pub struct Tx<DB: Backend> {
-    guard: OwnedMappedMutexGuard<
-        Option<Work<'static, DB, Option<Recorded>>>,
-        Transaction<'static, DB>,
-    >,
+    guard: OwnedMappedMutexGuard<Option<RequestWork<DB>>, Transaction<'static, DB>>,
     used: Arc<AtomicBool>,
 }
 
