@@ -44,7 +44,7 @@ use std::time::Duration;
 use tracing::{Instrument, Span};
 
 #[cfg(doc)]
-use crate::{inbox::Recorded, transition::stage::Moved};
+use crate::inbox::Recorded;
 
 /// What the stages of a call found.
 pub enum Entered<R, K = ()> {
@@ -65,7 +65,7 @@ pub enum Entered<R, K = ()> {
 /// unit of work's transaction, and hears that the transaction committed.
 ///
 /// The unit of work holds it without naming it: each stage keeps its own (the transition's
-/// [`Moved`], the inbox's [`Recorded`]), a plan of several stages keeps a tuple of theirs,
+/// `Moved`, the inbox's [`Recorded`]), a plan of several stages keeps a tuple of theirs,
 /// and a plan whose stages keep nothing keeps `()`. A new stage joins every form by
 /// implementing it; [`Work::finish`] does not change.
 pub trait Kept: Send + Sync {
