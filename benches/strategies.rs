@@ -25,6 +25,8 @@ mod formatting;
 #[path = "support/chart.rs"]
 mod chart;
 
+use chart::median;
+
 use idem::StateMachine;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -781,16 +783,6 @@ const WORKLOADS: [Workload; 2] = [Workload::Unique, Workload::Duplicates];
 /// Every run of every cell: (workload, tasks, strategy) → runs.
 type Results = BTreeMap<(Workload, usize, Strategy), Vec<Run>>;
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 fn report(
     backend: &str,
     strategies: &[Strategy],
@@ -807,20 +799,14 @@ fn report(
         );
         println!("|---|---:|---:|---:|---:|---:|---:|");
         for tasks in TASKS {
-            let floor = &results[&(workload, tasks, Strategy::HandWritten)];
             for &strategy in strategies {
                 let runs = &results[&(workload, tasks, strategy)];
                 let ops = median(runs.iter().map(|r| r.ops_per_sec).collect());
-                // Paired by round: each round ran the strategy and the floor back to back.
-                let ratios: Vec<f64> = runs
-                    .iter()
-                    .zip(floor)
-                    .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
-                    .collect();
-                let (low, high) = ratios
-                    .iter()
-                    .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
-                let ratio = median(ratios);
+                let chart::Bar {
+                    median: ratio,
+                    low,
+                    high,
+                } = to_floor(results, workload, tasks, strategy);
                 let s = statements[&strategy];
                 let per_op = match workload {
                     Workload::Unique => s.first,
@@ -846,6 +832,18 @@ fn report(
         println!("- {}: {:.2} / {:.2}", strategy.name(), s.first, s.duplicate);
     }
     draw(backend, strategies, results);
+}
+
+/// A cell's throughput over the floor's, paired by round (each round ran the strategy and
+/// the floor back to back): the median and the range.
+fn to_floor(results: &Results, workload: Workload, tasks: usize, strategy: Strategy) -> chart::Bar {
+    let floor = &results[&(workload, tasks, Strategy::HandWritten)];
+    let ratios = results[&(workload, tasks, strategy)]
+        .iter()
+        .zip(floor)
+        .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
+        .collect();
+    chart::Bar::of(ratios)
 }
 
 /// The charts of one backend: throughput against concurrency, a line per strategy, for each
@@ -919,22 +917,12 @@ fn draw(backend: &str, strategies: &[Strategy], results: &Results) {
     }
     let groups: Vec<chart::Group> = TASKS
         .iter()
-        .map(|&t| {
-            let floor = &results[&(Workload::Unique, t, Strategy::HandWritten)];
-            chart::Group {
-                name: chart::count(t, "task"),
-                bars: compared
-                    .iter()
-                    .map(|&strategy| {
-                        let ratios: Vec<f64> = results[&(Workload::Unique, t, strategy)]
-                            .iter()
-                            .zip(floor)
-                            .map(|(run, floor)| run.ops_per_sec / floor.ops_per_sec)
-                            .collect();
-                        Some(chart::Bar::of(ratios))
-                    })
-                    .collect(),
-            }
+        .map(|&t| chart::Group {
+            name: chart::count(t, "task"),
+            bars: compared
+                .iter()
+                .map(|&strategy| Some(to_floor(results, Workload::Unique, t, strategy)))
+                .collect(),
         })
         .collect();
     let names: Vec<String> = compared.iter().map(|s| s.name().replace('`', "")).collect();

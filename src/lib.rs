@@ -2,16 +2,11 @@
 //!
 //! Duplicates are the normal life of a distributed system: retries after a timeout,
 //! at-least-once brokers, double clicks, a crash between commit and ack. idem turns a
-//! handler annotated with
-//!
-//! ```ignore
-//! #[idempotent(key = "order_id", from = "CREATED", to = "PAID")]
-//! ```
-//!
-//! into one conditional `UPDATE` with a version guard, run in the same transaction as the
-//! handler's body, and returns an [`Outcome`] that tells **already done** (a duplicate:
-//! succeed quietly, replay the first result) from **illegal state** (a bug: fail loudly),
-//! **not found** and **stale version**.
+//! handler annotated with `#[idempotent(key = "order_id", from = "CREATED", to = "PAID")]`
+//! (the complete one is below) into one conditional `UPDATE` with a version guard, run in
+//! the same transaction as the handler's body, and returns an [`Outcome`] that tells
+//! **already done** (a duplicate: succeed quietly, replay the first result) from **illegal
+//! state** (a bug: fail loudly), **not found** and **stale version**.
 //!
 //! ## A complete handler
 //!

@@ -43,19 +43,26 @@ pub struct Bar {
 
 impl Bar {
     /// The bar of the ratios measured in each round (at least one).
-    pub fn of(mut ratios: Vec<f64>) -> Bar {
-        ratios.sort_by(f64::total_cmp);
-        let n = ratios.len();
-        let median = if n % 2 == 1 {
-            ratios[n / 2]
-        } else {
-            (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
-        };
+    pub fn of(ratios: Vec<f64>) -> Bar {
+        let (low, high) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
         Bar {
-            median,
-            low: ratios[0],
-            high: ratios[n - 1],
+            median: median(ratios),
+            low,
+            high,
         }
+    }
+}
+
+/// The median of `values` (at least one): the middle one, or the mean of the middle two.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
 }
 

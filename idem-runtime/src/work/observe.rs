@@ -4,8 +4,9 @@
 //! Every unit of work runs in an INFO span named `idem` with OpenTelemetry's field names
 //! where they fit, and its outcome is counted (feature `metrics`). The fields, their values and
 //! the counters are documented once, for users, on the guide's observability page
-//! ([`idem::guide::observability`](https://docs.rs/idem/latest/idem/guide/observability/index.html)): a change
-//! here changes that page, and `tests/observability.rs` checks both.
+//! ([`idem::guide::observability`](https://docs.rs/idem/latest/idem/guide/observability/index.html)):
+//! a field, value or counter changed here is changed on that page too. `tests/observability.rs`
+//! checks the spans and counters themselves.
 
 use crate::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
