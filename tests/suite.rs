@@ -35,6 +35,7 @@ mod keys;
 mod migrations;
 mod nats;
 mod observability;
+mod outbox;
 mod postgres_types;
 mod rabbitmq;
 mod races;

@@ -178,6 +178,36 @@ macro_rules! verify_tests {
                 let mysql = stringify!($module) == "mysql";
                 assert_eq!(outdated.len(), usize::from(mysql), "{report}");
             }
+
+            #[tokio::test]
+            async fn an_outbox_table_of_another_shape_is_reported() {
+                let Some(pool) = setup().await else { return };
+                sqlx::query("DROP TABLE idem_outbox").execute(&pool).await.unwrap();
+                let report = idem::verify::<Order, _>(&pool).await.unwrap();
+                assert!(report.is_ok(), "a database without an outbox needs none: {report}");
+                sqlx::query("CREATE TABLE idem_outbox (seq BIGINT, id VARCHAR(64), ordering_key VARCHAR(64), \
+                             destination TEXT, routing_key TEXT, payload TEXT, headers TEXT, created_at BIGINT, \
+                             attempts BIGINT, next_attempt_at BIGINT, last_error TEXT, published_at BIGINT, dead_at BIGINT)")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let report = idem::verify::<Order, _>(&pool).await.unwrap();
+                let problems: Vec<_> = report
+                    .problems
+                    .iter()
+                    .filter(|p| !matches!(p, SchemaProblem::OutdatedTable { .. }))
+                    .cloned()
+                    .collect();
+                assert_eq!(
+                    problems,
+                    vec![SchemaProblem::MissingColumn {
+                        table: "idem_outbox".into(),
+                        column: "claimed_until".into(),
+                        role: ColumnRole::Idem,
+                    }],
+                    "{report}"
+                );
+            }
         }
     };
 }

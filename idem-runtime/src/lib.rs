@@ -14,6 +14,7 @@ mod fault;
 pub mod http;
 pub mod inbox;
 mod machine;
+pub mod outbox;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transition;

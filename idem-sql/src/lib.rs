@@ -21,6 +21,7 @@ pub mod enforce;
 pub mod ident;
 pub mod inbox;
 pub mod limits;
+pub mod outbox;
 pub mod placeholder;
 pub mod spelling;
 pub mod transition;

@@ -18,6 +18,7 @@ impl generic::Bind for Any {
             // `sqlx::Any` types every string as text: an ENUM state column needs the
             // `Postgres` backend.
             Param::Text(s) | Param::State(s) => query.bind(s),
+            Param::Bytes(b) => query.bind(b),
             Param::Null => query.bind(None::<i64>),
             // `sqlx::Any` has no UUID type: bound as its text, which a PostgreSQL `uuid`
             // column refuses (use the `Postgres` backend for UUID keys) and a text column
@@ -80,6 +81,15 @@ impl Backend for Any {
     ) -> Result<Option<Record>, sqlx::Error> {
         let dialect = Any::dialect(conn)?;
         generic::fetch::<Any>(conn, dialect, sql, params).await
+    }
+
+    async fn fetch_all(
+        conn: &mut AnyConnection,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Record>, sqlx::Error> {
+        let dialect = Any::dialect(conn)?;
+        generic::fetch_all::<Any>(conn, dialect, sql, params).await
     }
 
     async fn execute(

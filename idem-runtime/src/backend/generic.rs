@@ -28,11 +28,45 @@ where
     else {
         return Ok(None);
     };
+    decoded::<DB>(&row, false).map(Some)
+}
+
+/// Runs `sql` with `params` and decodes every row into a [`Record`].
+pub(super) async fn fetch_all<'a, DB>(
+    conn: &'a mut DB::Connection,
+    dialect: Dialect,
+    sql: &'a str,
+    params: &'a [Param<'a>],
+) -> Result<Vec<Record>, sqlx::Error>
+where
+    DB: Bind,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let (sql, params) = placed(dialect, sql, params)?;
+    let rows = prepare::<DB>(&sql, &params).fetch_all(&mut *conn).await?;
+    rows.iter().map(|row| decoded::<DB>(row, true)).collect()
+}
+
+/// A row as a [`Record`]: every column an integer, text or NULL; with `bytes`, a binary
+/// value that is not UTF-8 as bytes (without, it is an error: where idem reads only text).
+fn decoded<DB>(row: &DB::Row, bytes: bool) -> Result<Record, sqlx::Error>
+where
+    DB: Database,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
     let mut record = Record::default();
     for (i, column) in row.columns().iter().enumerate() {
-        // Every column idem reads is an integer or text; NULL reads as NULL whatever its type.
-        // The value's type picks the decoding, so a text column is not first tried (and
-        // refused, with an error built and dropped) as an integer.
+        // Every column idem reads is an integer, text or bytes; NULL reads as NULL whatever
+        // its type. The value's type picks the decoding, so a text column is not first tried
+        // (and refused, with an error built and dropped) as an integer.
         let raw = row.try_get_raw(i)?;
         let value = if raw.is_null() {
             Value::Null
@@ -42,18 +76,23 @@ where
             Value::Text(row.try_get(i)?)
         } else {
             // Text the driver reports as binary (MySQL flags a column of a `_bin`
-            // collation so): its bytes, which must be UTF-8.
-            let bytes: Vec<u8> = row.try_get(i)?;
-            Value::Text(
-                String::from_utf8(bytes).map_err(|e| sqlx::Error::ColumnDecode {
-                    index: column.name().to_owned(),
-                    source: Box::new(e),
-                })?,
-            )
+            // collation so, and a `VARBINARY` key): its bytes, read as text when they are
+            // UTF-8; a payload's bytes otherwise.
+            let raw: Vec<u8> = row.try_get(i)?;
+            match String::from_utf8(raw) {
+                Ok(text) => Value::Text(text),
+                Err(e) if bytes => Value::Bytes(e.into_bytes()),
+                Err(e) => {
+                    return Err(sqlx::Error::ColumnDecode {
+                        index: column.name().to_owned(),
+                        source: Box::new(e),
+                    });
+                }
+            }
         };
         record.values.push((column.name().to_owned(), value));
     }
-    Ok(Some(record))
+    Ok(record)
 }
 
 /// Runs `sql` with `params`; the number of rows it affected.
@@ -119,6 +158,17 @@ macro_rules! run_generically {
             $crate::backend::generic::fetch::<$db>(conn, $dialect, sql, params)
         }
 
+        fn fetch_all<'a>(
+            conn: &'a mut $conn,
+            sql: &'a str,
+            params: &'a [$crate::backend::Param<'a>],
+        ) -> impl core::future::Future<
+            Output = Result<Vec<$crate::backend::Record>, sqlx::Error>,
+        > + Send
+        + 'a {
+            $crate::backend::generic::fetch_all::<$db>(conn, $dialect, sql, params)
+        }
+
         fn execute<'a>(
             conn: &'a mut $conn,
             sql: &'a str,
@@ -161,6 +211,7 @@ macro_rules! bind_natively {
                 match param {
                     Param::Int(n) => query.bind(n),
                     Param::Text(s) | Param::State(s) => query.bind(s),
+                    Param::Bytes(b) => query.bind(b),
                     Param::Null => query.bind(None::<i64>),
                     #[cfg(feature = "uuid")]
                     Param::Uuid(id) => query.bind(id),

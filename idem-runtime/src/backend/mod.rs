@@ -74,6 +74,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send + 'a;
 
+    /// Runs `sql` with `params` and decodes every row.
+    #[doc(hidden)]
+    fn fetch_all<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send + 'a;
+
     #[doc(hidden)]
     fn execute<'a>(
         conn: &'a mut Self::Connection,
@@ -95,6 +103,8 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 pub enum Param<'a> {
     Int(i64),
     Text(&'a str),
+    /// Bytes, bound as a blob (`BYTEA`, `BLOB`).
+    Bytes(&'a [u8]),
     /// A state name, compared with or assigned to the state column: bound so that the
     /// column's own type applies (PostgreSQL: `text`, `varchar` or an ENUM).
     State(&'a str),
@@ -107,7 +117,7 @@ pub enum Param<'a> {
     Column(&'a crate::value::column::ColumnValue),
 }
 
-/// A row as idem reads it: every column an integer, text or NULL.
+/// A row as idem reads it: every column an integer, text, bytes or NULL.
 #[doc(hidden)]
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -121,6 +131,8 @@ pub enum Value {
     Null,
     Int(i64),
     Text(String),
+    /// A binary column's value that is not UTF-8 (one that is reads as text).
+    Bytes(Vec<u8>),
 }
 
 impl Record {
@@ -148,6 +160,25 @@ impl Record {
             .map(|(_, v)| v)?;
         match std::mem::replace(value, Value::Null) {
             Value::Text(s) => Some(s),
+            other => {
+                *value = other;
+                None
+            }
+        }
+    }
+}
+
+impl Record {
+    /// The bytes in `column` (text as its UTF-8), taken out; `None` if NULL or absent.
+    pub fn take_bytes(&mut self, column: &str) -> Option<Vec<u8>> {
+        let value = self
+            .values
+            .iter_mut()
+            .find(|(name, _)| name == column)
+            .map(|(_, v)| v)?;
+        match std::mem::replace(value, Value::Null) {
+            Value::Text(s) => Some(s.into_bytes()),
+            Value::Bytes(b) => Some(b),
             other => {
                 *value = other;
                 None

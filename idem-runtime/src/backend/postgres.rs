@@ -18,6 +18,7 @@ impl generic::Bind for Postgres {
         match param {
             Param::Int(n) => query.bind(n),
             Param::Text(s) => query.bind(s),
+            Param::Bytes(b) => query.bind(b),
             Param::State(s) => query.bind(Untyped(s)),
             Param::Null => query.bind(None::<i64>),
             #[cfg(feature = "uuid")]

@@ -270,7 +270,8 @@ impl Inbox {
             .map_err(Error::widen)?
         {
             Received::New(mut receipt) => {
-                let result = handler(receipt.transaction()).await;
+                let held = receipt.work.held();
+                let result = held.run(handler(receipt.transaction())).await;
                 receipt.finish(result).await
             }
             Received::Done(delivery) => Ok(delivery),
@@ -494,6 +495,17 @@ impl<DB: Backend> Receipt<DB> {
     /// The message key.
     pub fn key(&self) -> &MessageKey {
         self.stage.key()
+    }
+
+    /// Stages `message` in the record's transaction ([`idem::outbox::stage`](crate::outbox::stage)),
+    /// its id derived from this message's effect (the group and the message key) and its
+    /// position among the messages this delivery stages: published once the record commits.
+    pub async fn stage(
+        &mut self,
+        message: crate::outbox::Message,
+    ) -> Result<crate::outbox::MessageId, sqlx::Error> {
+        let call = self.work.call();
+        crate::outbox::stage_in::<DB>(self.work.transaction(), call.as_deref(), message).await
     }
 
     /// Commits the record with the handler's result and effects, or rolls everything back

@@ -3,22 +3,31 @@
 
 /// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
-/// without its CHECK constraint), in one text.
+/// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox), in one text.
 pub const POSTGRES_MIGRATION: &str = concat!(
     include_str!("../../migrations/postgres/0001_idem.sql"),
     "\n",
     include_str!("../../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0003_idem_outbox.sql"),
 );
-/// The schema, as a sqlx migration for SQLite: the results table and the inbox.
-pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_idem.sql");
+/// The schema for SQLite, as its sqlx migrations in order (`0001_idem.sql`: the results
+/// table and the inbox; `0002_idem_outbox.sql`: the outbox), in one text.
+pub const SQLITE_MIGRATION: &str = concat!(
+    include_str!("../../migrations/sqlite/0001_idem.sql"),
+    "\n",
+    include_str!("../../migrations/sqlite/0002_idem_outbox.sql"),
+);
 /// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
-/// their key columns `VARBINARY`, compared byte for byte, trailing spaces included), in one
-/// text.
+/// their key columns `VARBINARY`, compared byte for byte, trailing spaces included;
+/// `0003_idem_outbox.sql`: the outbox), in one text.
 pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../../migrations/mysql/0001_idem.sql"),
     "\n",
     include_str!("../../migrations/mysql/0002_idem_exact_keys.sql"),
+    "\n",
+    include_str!("../../migrations/mysql/0003_idem_outbox.sql"),
 );
 
 /// The schema of `dialect`, as its migrations in order in one text.
@@ -47,9 +56,9 @@ mod tests {
     #[test]
     fn migrations_split_into_their_statements() {
         for (migration, count) in [
-            (POSTGRES_MIGRATION, 4),
-            (SQLITE_MIGRATION, 3),
-            (MYSQL_MIGRATION, 4),
+            (POSTGRES_MIGRATION, 8),
+            (SQLITE_MIGRATION, 7),
+            (MYSQL_MIGRATION, 5),
         ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");
@@ -64,10 +73,14 @@ mod tests {
                 assert!(!line.contains(';'), "a semicolon in a comment: {line}");
             }
         }
-        let last = statements(POSTGRES_MIGRATION).last().unwrap();
-        assert!(last.contains("DROP CONSTRAINT IF EXISTS idem_inbox_status_check"));
+        let postgres: Vec<&str> = statements(POSTGRES_MIGRATION).collect();
+        assert!(postgres[3].contains("DROP CONSTRAINT IF EXISTS idem_inbox_status_check"));
+        assert!(postgres[4].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
+        let sqlite: Vec<&str> = statements(SQLITE_MIGRATION).collect();
+        assert!(sqlite[3].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
         let mysql: Vec<&str> = statements(MYSQL_MIGRATION).collect();
         assert!(mysql[2].contains("ALTER TABLE idem_results"));
         assert!(mysql[3].starts_with("ALTER TABLE idem_inbox"));
+        assert!(mysql[4].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
     }
 }

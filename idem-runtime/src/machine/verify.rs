@@ -31,6 +31,27 @@ const INBOX_COLUMNS: [&str; 10] = [
     "updated_at",
 ];
 
+/// The columns of the outbox table idem reads and writes.
+const OUTBOX_COLUMNS: [&str; 14] = [
+    "seq",
+    "id",
+    "ordering_key",
+    "destination",
+    "routing_key",
+    "payload",
+    "headers",
+    "created_at",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "published_at",
+    "dead_at",
+    "claimed_until",
+];
+
+/// The columns of the outbox table compared byte for byte: its id and ordering key.
+const OUTBOX_KEY_COLUMNS: [&str; 2] = ["id", "ordering_key"];
+
 /// The columns of the results table that make its key: compared byte for byte.
 const RESULT_KEY_COLUMNS: [&str; 4] = ["machine", "entity_key", "from_state", "to_state"];
 
@@ -57,6 +78,8 @@ const SHOWN_STATES: usize = 10;
 /// - the inbox table `idem_inbox`, if the database has one (a service without an inbox
 ///   needs none), has the columns of this version of idem and, on PostgreSQL, no longer
 ///   the status CHECK constraint of the first migration (`idem::migrate` drops it);
+/// - the outbox table `idem_outbox`, if the database has one, has the columns of this
+///   version of idem;
 /// - on MySQL, the key columns of both (results: machine, key, states; inbox: group, key)
 ///   compare byte for byte: a table of the first migration alone compares them under
 ///   `utf8mb4_bin`, which ignores trailing spaces, so `"k"` and `"k "` share one record
@@ -136,6 +159,15 @@ pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaRe
         required: false,
     };
     inbox_table
+        .check::<DB>(conn, dialect, &mut problems)
+        .await?;
+    let outbox_table = IdemTable {
+        name: "idem_outbox",
+        columns: &OUTBOX_COLUMNS,
+        key: &OUTBOX_KEY_COLUMNS,
+        required: false,
+    };
+    outbox_table
         .check::<DB>(conn, dialect, &mut problems)
         .await?;
     if let Some(sql) = dialect.outdated_inbox() {
@@ -610,11 +642,12 @@ mod tests {
                 ddl.lines()
                     .skip(1)
                     .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-                    .filter(|c| c != "PRIMARY" && c != "KEY")
+                    .filter(|c| c != "PRIMARY" && c != "KEY" && c != "UNIQUE")
                     .collect()
             };
             assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
             assert_eq!(columns(table("idem_results")), RESULT_COLUMNS);
+            assert_eq!(columns(table("idem_outbox")), OUTBOX_COLUMNS);
         }
     }
 

@@ -33,6 +33,7 @@ use crate::backend::{
 };
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
+use crate::outbox::effect::{CallScope, within};
 use crate::work::observe::Labels;
 use crate::work::retry::Backoff;
 use crate::work::source::Origin;
@@ -40,6 +41,7 @@ use crate::work::stored::bounded;
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, Span};
 
@@ -210,17 +212,22 @@ pub struct Work<'c, DB: Backend, K = ()> {
     _writer: Option<WriterGuard>,
     kept: K,
     span: Span,
+    /// What identifies the call's effect, for the ids its body derives (outbox messages).
+    call: Option<Arc<CallScope>>,
 }
 
-/// The writer turn a unit of work holds (SQLite) and its span, for its body.
-pub struct Held(Option<Database>, Span);
+/// The writer turn a unit of work holds (SQLite), its span and its call scope, for its body.
+pub struct Held(Option<Database>, Span, Option<Arc<CallScope>>);
 
 impl Held {
-    /// Runs `body` (the handler's body, in [`Work::transaction`]) in the call's span, as the
-    /// holder of the turn: a handler it calls with the pool on the same SQLite database is
-    /// refused at once instead of waiting for itself.
+    /// Runs `body` (the handler's body, in [`Work::transaction`]) in the call's span and
+    /// scope (the messages it stages take their ids from the call's effect), as the holder
+    /// of the turn: a handler it calls with the pool on the same SQLite database is refused
+    /// at once instead of waiting for itself.
     pub async fn run<F: Future>(self, body: F) -> F::Output {
-        holding(self.0, body).instrument(self.1).await
+        within(self.2, holding(self.0, body))
+            .instrument(self.1)
+            .await
     }
 }
 
@@ -386,6 +393,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                     _writer: writer,
                     kept,
                     span: Span::none(),
+                    call: CallScope::of(&plan.labels()),
                 };
                 return (Begun::Run(work), backoff.attempts());
             }
@@ -457,6 +465,7 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
             _writer: None,
             kept,
             span: Span::none(),
+            call: CallScope::of(&plan.labels()),
         }),
         Ok(Entered::Done { reply, commit }) => {
             let ended = if commit {
@@ -480,14 +489,27 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         &mut self.tx
     }
 
+    /// What its stages keep until the commit.
+    pub(crate) fn kept(&self) -> &K {
+        &self.kept
+    }
+
     /// The same unit of work, keeping `f` of what its stages kept.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn map_kept<K2>(self, f: impl FnOnce(K) -> K2) -> Work<'c, DB, K2> {
         Work {
             tx: self.tx,
             _writer: self._writer,
             kept: f(self.kept),
             span: self.span,
+            call: self.call,
         }
+    }
+
+    /// The call's scope, for the messages staged outside its body's scope
+    /// ([`Receipt::stage`](crate::inbox::Receipt::stage)).
+    pub(crate) fn call(&self) -> Option<Arc<CallScope>> {
+        self.call.clone()
     }
 
     /// The writer turn this unit holds, to run the body under ([`Held::run`]).
@@ -495,6 +517,7 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         Held(
             self._writer.as_ref().map(|w| w.database().clone()),
             self.span.clone(),
+            self.call.clone(),
         )
     }
 

@@ -1,0 +1,276 @@
+//! A message to stage: where it goes, what it carries, and what orders it.
+
+use super::OutboxError;
+use super::effect::MAX_ORDERING_KEY_LEN;
+use serde::Serialize;
+use std::fmt;
+
+/// The largest payload a message may carry, in bytes (8 MiB: under MariaDB's default
+/// `max_allowed_packet` of 16 MiB, and far above what brokers take by default — NATS 1 MiB).
+pub const MAX_PAYLOAD_LEN: usize = 8 * 1024 * 1024;
+
+/// The longest id, destination, routing key or header name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Where a message goes: a subject (NATS), or an exchange and a routing key (AMQP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub(crate) name: String,
+    pub(crate) routing_key: String,
+}
+
+impl Destination {
+    /// A subject (NATS JetStream publishes to it; its stream must capture it).
+    pub fn subject(subject: impl Into<String>) -> Destination {
+        Destination {
+            name: subject.into(),
+            routing_key: String::new(),
+        }
+    }
+
+    /// An exchange and a routing key (RabbitMQ; `""` is the default exchange, whose routing
+    /// key is the queue's name).
+    pub fn exchange(exchange: impl Into<String>, routing_key: impl Into<String>) -> Destination {
+        Destination {
+            name: exchange.into(),
+            routing_key: routing_key.into(),
+        }
+    }
+
+    /// The subject or the exchange.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The routing key (empty for a subject).
+    pub fn routing_key(&self) -> &str {
+        &self.routing_key
+    }
+}
+
+/// A subject.
+impl From<&str> for Destination {
+    fn from(subject: &str) -> Destination {
+        Destination::subject(subject)
+    }
+}
+
+/// A subject.
+impl From<String> for Destination {
+    fn from(subject: String) -> Destination {
+        Destination::subject(subject)
+    }
+}
+
+/// A message to stage with [`stage`](super::stage): built with [`Message::json`] or
+/// [`Message::bytes`], then given headers, an ordering key or an id of its own.
+///
+/// ```
+/// use idem::outbox::{Destination, Message};
+///
+/// #[derive(serde::Serialize)]
+/// struct GrantCoupon { order_id: i64 }
+///
+/// let message = Message::json("coupon.grant", &GrantCoupon { order_id: 7 })
+///     .header("content-type", "application/json");
+/// let routed = Message::bytes(Destination::exchange("coupons", "grant"), b"7".to_vec());
+/// # let _ = (message, routed);
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) destination: Destination,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) id: Option<String>,
+    /// A problem found while building it, reported when it is staged.
+    pub(crate) invalid: Option<String>,
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("destination", &self.destination)
+            .field("payload_len", &self.payload.len())
+            .field("headers", &self.headers)
+            .field("ordering_key", &self.ordering_key)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Message {
+    /// A message whose payload is `payload` as JSON. A value that does not serialize is
+    /// reported when the message is staged.
+    pub fn json<T: Serialize + ?Sized>(
+        destination: impl Into<Destination>,
+        payload: &T,
+    ) -> Message {
+        let (payload, invalid) = match serde_json::to_vec(payload) {
+            Ok(json) => (json, None),
+            Err(e) => (
+                Vec::new(),
+                Some(format!("its payload does not serialize: {e}")),
+            ),
+        };
+        Message {
+            invalid,
+            ..Message::bytes(destination, payload)
+        }
+    }
+
+    /// A message whose payload is `payload`, as it is.
+    pub fn bytes(destination: impl Into<Destination>, payload: impl Into<Vec<u8>>) -> Message {
+        Message {
+            destination: destination.into(),
+            payload: payload.into(),
+            headers: Vec::new(),
+            ordering_key: None,
+            id: None,
+            invalid: None,
+        }
+    }
+
+    /// Adds a header (NATS headers, AMQP headers). Names are visible ASCII without `:`, at
+    /// most 255 bytes; values hold no line break. `Nats-Msg-Id` is the relay's to set.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Message {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The key whose messages are published in the order they were staged (at most 255
+    /// bytes). By default the handler's: `machine/key` for a transition or a creation,
+    /// `group/key` for an inbox handler or an HTTP request.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Message {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// The message's id, instead of the one derived from the handler's effect: for code
+    /// that stages outside a handler (it must then give one), or ids of your own scheme.
+    /// At most 255 bytes, no control characters. Staging an id that is in the outbox
+    /// already stages nothing.
+    pub fn id(mut self, id: impl Into<String>) -> Message {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Where it goes.
+    pub fn destination(&self) -> &Destination {
+        &self.destination
+    }
+
+    /// Its payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Checks what the message was built with.
+    pub(crate) fn check(&self) -> Result<(), OutboxError> {
+        let invalid = |problem: String| Err(OutboxError::InvalidMessage(problem));
+        if let Some(problem) = &self.invalid {
+            return invalid(problem.clone());
+        }
+        if self.payload.len() > MAX_PAYLOAD_LEN {
+            return invalid(format!(
+                "its payload is {} bytes, over the limit of {MAX_PAYLOAD_LEN}",
+                self.payload.len()
+            ));
+        }
+        let Destination { name, routing_key } = &self.destination;
+        if routing_key.is_empty() && name.is_empty() {
+            return invalid(
+                "it has no destination: give a subject, or an exchange and a routing key"
+                    .to_owned(),
+            );
+        }
+        for (what, text) in [("destination", name), ("routing key", routing_key)] {
+            if text.len() > MAX_NAME_LEN || text.chars().any(char::is_control) {
+                return invalid(format!(
+                    "its {what} {text:?} is over {MAX_NAME_LEN} bytes or holds a control character"
+                ));
+            }
+        }
+        if let Some(id) = &self.id
+            && (id.is_empty() || id.len() > MAX_NAME_LEN || id.chars().any(char::is_control))
+        {
+            return invalid(format!(
+                "its id {id:?} is empty, over {MAX_NAME_LEN} bytes or holds a control character"
+            ));
+        }
+        if let Some(key) = &self.ordering_key
+            && (key.is_empty() || key.len() > MAX_ORDERING_KEY_LEN)
+        {
+            return invalid(format!(
+                "its ordering key is empty or over {MAX_ORDERING_KEY_LEN} bytes ({} bytes)",
+                key.len()
+            ));
+        }
+        for (name, value) in &self.headers {
+            let visible = |c: char| c.is_ascii_graphic() && c != ':';
+            if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(visible) {
+                return invalid(format!(
+                    "its header name {name:?} is not 1 to {MAX_NAME_LEN} visible ASCII characters without `:`"
+                ));
+            }
+            if name.eq_ignore_ascii_case(super::ID_HEADER) {
+                return invalid(format!(
+                    "its header {name:?} is the relay's to set (the message's id): give an id with Message::id"
+                ));
+            }
+            if value.contains(['\r', '\n']) {
+                return invalid(format!("its header {name:?} has a line break in its value"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The headers, as stored: a JSON array of `[name, value]` pairs.
+    pub(crate) fn headers_json(&self) -> String {
+        serde_json::to_string(&self.headers).unwrap_or_else(|_| "[]".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(message: Message) -> String {
+        match message.check() {
+            Err(OutboxError::InvalidMessage(problem)) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_messages_are_refused_with_what_is_wrong() {
+        assert!(Message::json("a.b", &1).check().is_ok());
+        assert!(
+            problem(Message::bytes("a", vec![0; MAX_PAYLOAD_LEN + 1])).contains("over the limit")
+        );
+        assert!(problem(Message::bytes("", vec![])).contains("no destination"));
+        assert!(problem(Message::bytes("a", vec![]).id("")).contains("its id"));
+        assert!(
+            problem(Message::bytes("a", vec![]).ordering_key("k".repeat(256)))
+                .contains("ordering key")
+        );
+        assert!(problem(Message::bytes("a", vec![]).header("a b", "v")).contains("header name"));
+        assert!(problem(Message::bytes("a", vec![]).header("x", "a\r\nb")).contains("line break"));
+        assert!(
+            problem(Message::bytes("a", vec![]).header("nats-msg-id", "1")).contains("Message::id")
+        );
+        let unserializable = std::collections::HashMap::from([((1, 2), 3)]);
+        assert!(problem(Message::json("a", &unserializable)).contains("does not serialize"));
+        assert!(
+            Message::bytes(Destination::exchange("", "queue"), vec![])
+                .check()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn headers_are_stored_as_pairs() {
+        let message = Message::json("a", &1).header("k", "v").header("k", "w");
+        assert_eq!(message.headers_json(), r#"[["k","v"],["k","w"]]"#);
+    }
+}

@@ -1,0 +1,274 @@
+//! The transactional outbox: messages staged in the transaction of the effect they
+//! announce, and a relay that publishes them afterwards, at least once, each under an id
+//! the next hop deduplicates on.
+//!
+//! A handler that published from its body would publish before its commit (a phantom
+//! message when the transaction rolls back) or after it (lost when the process dies in
+//! between). Staged with [`stage`], the message is a row of `idem_outbox` written in the
+//! handler's transaction: it exists if and only if the effect committed. A [`Relay`]
+//! claims staged messages, publishes them with a [`Publisher`] (NATS JetStream with the
+//! feature `nats`, RabbitMQ with `rabbitmq`, or your own), and marks each one published
+//! after the broker's acknowledgement.
+//!
+//! - **Ids are deterministic** ([`EffectKey`]): the digest of what identifies the handler's
+//!   effect and the message's position among those its body stages. A body that runs again
+//!   stages the same ids (staging an id already there does nothing); a duplicate call
+//!   stages nothing, because its body does not run. The relay passes the id on
+//!   (`Nats-Msg-Id`, AMQP `message_id`), and the next hop's inbox deduplicates on it.
+//! - **Order per ordering key** (by default the handler's): a message is never published
+//!   while an earlier message of its key is unpublished, however many relays run.
+//! - **Failures** back off with jitter; a message that used all its attempts is dead, and
+//!   holds back its key's later messages until [`requeue`]d or [`discard`]ed.
+//!
+//! The guide's outbox page has the SQL, the guarantees and the windows that remain:
+//! [`idem::guide::outbox`](https://docs.rs/idem/latest/idem/guide/outbox/index.html).
+
+pub(crate) mod effect;
+mod message;
+mod relay;
+mod stage;
+
+pub use effect::{EffectKey, MAX_ORDERING_KEY_LEN};
+pub use message::{Destination, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
+pub use relay::{Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed};
+pub use stage::stage;
+pub(crate) use stage::stage_in;
+
+use crate::backend::{Backend, Param};
+use crate::error::Error;
+use crate::work::observe::Labels;
+use crate::work::unit::{Entered, Entry, Plan, stages_only};
+use sqlx::Pool;
+use std::convert::Infallible;
+use std::fmt;
+use std::time::Duration;
+
+/// The header NATS JetStream deduplicates on; the relay sets it to the message's id.
+pub const ID_HEADER: &str = "Nats-Msg-Id";
+
+/// The id of a staged message: 64 hex digits derived from its effect, or the id it was
+/// given ([`Message::id`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(pub(crate) String);
+
+impl MessageId {
+    /// The id, as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<MessageId> for String {
+    fn from(id: MessageId) -> String {
+        id.0
+    }
+}
+
+/// Why a message cannot be staged. [`stage`] returns it inside
+/// [`sqlx::Error::Encode`]; nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The message is not valid as built: what is wrong with it.
+    InvalidMessage(String),
+    /// It has no id, and is staged outside a handler's body, so none can be derived.
+    NoEffect,
+}
+
+impl fmt::Display for OutboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutboxError::InvalidMessage(problem) => {
+                write!(f, "idem: the message cannot be staged: {problem}")
+            }
+            OutboxError::NoEffect => f.write_str(
+                "idem: the message has no id and is staged outside a handler's body, which \
+                 would derive one: give it a stable id with Message::id (the same on every retry)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OutboxError {}
+
+impl From<OutboxError> for sqlx::Error {
+    fn from(e: OutboxError) -> sqlx::Error {
+        sqlx::Error::Encode(Box::new(e))
+    }
+}
+
+/// The unpublished messages: how many, how many of them are dead, and how long the oldest
+/// has waited (by the database's clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages not published yet, the dead ones included.
+    pub pending: u64,
+    /// Of those, the dead ones: each holds back the rest of its ordering key.
+    pub dead: u64,
+    /// The age of the oldest unpublished message; `None` when there is none.
+    pub oldest: Option<Duration>,
+}
+
+/// The outbox's backlog: export [`Backlog::pending`] and [`Backlog::oldest`] as gauges and
+/// alert when `dead` is above zero (a spawned relay with the feature `metrics` exports
+/// `idem_outbox_pending` and `idem_outbox_oldest_pending_seconds` itself).
+pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let sql = DB::dialect(&conn)?.outbox();
+    let row = DB::fetch(&mut conn, &sql.backlog, &[])
+        .await?
+        .unwrap_or_default();
+    Ok(Backlog {
+        pending: row.int("pending").map_or(0, |n| n.max(0) as u64),
+        dead: row.int("dead").map_or(0, |n| n.max(0) as u64),
+        oldest: row
+            .int("oldest_age")
+            .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+    })
+}
+
+/// A dead message: it used all its attempts, and holds back its ordering key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadMessage {
+    /// Its id.
+    pub id: String,
+    /// Its ordering key, whose later messages wait for it.
+    pub ordering_key: String,
+    /// Its subject or exchange.
+    pub destination: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// The attempts it made.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When it was staged, and when it died (milliseconds since the Unix epoch, by the
+    /// database's clock).
+    pub created_at_millis: i64,
+    /// When it died.
+    pub dead_at_millis: i64,
+}
+
+/// The dead messages, oldest first, at most `limit`.
+pub async fn dead<DB: Backend>(
+    pool: &Pool<DB>,
+    limit: u32,
+) -> Result<Vec<DeadMessage>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let sql = DB::dialect(&conn)?.outbox();
+    let rows = DB::fetch_all(&mut conn, &sql.dead, &[Param::Int(i64::from(limit))]).await?;
+    Ok(rows
+        .into_iter()
+        .map(|mut row| DeadMessage {
+            id: row.take_text("id").unwrap_or_default(),
+            ordering_key: row.take_text("ordering_key").unwrap_or_default(),
+            destination: row.take_text("destination").unwrap_or_default(),
+            routing_key: row.take_text("routing_key").unwrap_or_default(),
+            attempts: row
+                .int("attempts")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            last_error: row.take_text("last_error"),
+            created_at_millis: row.int("created_at").unwrap_or(0),
+            dead_at_millis: row.int("dead_at").unwrap_or(0),
+        })
+        .collect())
+}
+
+/// Sends a dead message again, as new (its attempts from 0, due now): `true` if `id` was
+/// dead. Its ordering key goes on once it is published.
+pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
+    let plan = Admin {
+        statement: |sql| &sql.requeue,
+        params: vec![Param::Text(id)],
+    };
+    stages_only(pool, &plan).await.map(|n| n > 0)
+}
+
+/// Deletes a dead message without publishing it: `true` if `id` was dead. Its ordering
+/// key's later messages go on without it.
+pub async fn discard<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
+    let plan = Admin {
+        statement: |sql| &sql.discard,
+        params: vec![Param::Text(id)],
+    };
+    stages_only(pool, &plan).await.map(|n| n > 0)
+}
+
+/// Deletes the messages published more than `retention` ago, oldest first, in
+/// transactions of at most `batch` rows so that staging interleaves; how many it deleted.
+/// Unpublished and dead messages are never purged. A spawned relay runs it now and then
+/// ([`Relay::retention`]).
+pub async fn purge<DB: Backend>(
+    pool: &Pool<DB>,
+    retention: Duration,
+    batch: u32,
+) -> Result<u64, Error<Infallible>> {
+    let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let batch = i64::from(batch.max(1));
+    let mut total = 0;
+    loop {
+        let plan = Admin {
+            statement: |sql| &sql.purge,
+            params: vec![Param::Int(retention), Param::Int(batch)],
+        };
+        let deleted = stages_only(pool, &plan).await?;
+        total += deleted;
+        if deleted < batch as u64 {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// One statement of the outbox's administration, a unit of work of its own; replies with
+/// the rows it changed.
+struct Admin<'a> {
+    statement: fn(&'static idem_sql::outbox::OutboxSql) -> &'static String,
+    params: Vec<Param<'a>>,
+}
+
+impl<DB: Backend> Plan<DB> for Admin<'_> {
+    type Value = Infallible;
+    type Reply = u64;
+    type Kept = ();
+
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
+
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<u64>, Error<Infallible>> {
+        let statement = (self.statement)(DB::dialect(tx)?.outbox());
+        let changed = DB::execute(tx, statement, &self.params).await?;
+        Ok(Entered::Done {
+            reply: changed,
+            commit: true,
+        })
+    }
+
+    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
+        match *value {}
+    }
+
+    fn applied(&self, value: Infallible) -> u64 {
+        match value {}
+    }
+
+    fn labels(&self) -> Labels<'_> {
+        Labels::default()
+    }
+
+    fn outcome_name(_: &u64) -> &'static str {
+        // The plan's own name is not reachable from here; one name for all.
+        "outbox"
+    }
+}

@@ -1,0 +1,82 @@
+//! Staging: a message written into `idem_outbox` in the transaction of its effect.
+
+use super::effect::{self, CallScope};
+use super::{Message, MessageId, OutboxError};
+use crate::backend::{Backend, Param, insert_unless_taken};
+use sqlx::Transaction;
+
+/// Stages `message` in `tx`: it is published after `tx` commits, and never if `tx` rolls
+/// back. Inside a handler's body its id is derived from the handler's effect and its
+/// position among the messages the body stages ([`EffectKey`](super::EffectKey)), and its
+/// ordering key is by default the handler's; outside one, give it an id
+/// ([`Message::id`]). Staging an id that is in the outbox already does nothing and returns
+/// the same id.
+///
+/// Fails with the database's error, or with [`sqlx::Error::Encode`] holding an
+/// [`OutboxError`] for a message that cannot be staged (what is wrong with it; nothing is
+/// written).
+///
+/// ```
+/// use idem::outbox::{self, Message};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// # #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+/// # #[machine(table = "orders", key = "order_id")]
+/// # enum Order { #[state(name = "CREATED", to(Paid))] Created, #[state(name = "PAID")] Paid }
+/// #[derive(serde::Serialize)]
+/// struct GrantCoupon { order_id: i64 }
+///
+/// impl Order {
+///     #[idempotent(key = "order_id", from = "CREATED", to = "PAID")]
+///     async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+///         // Committed with the order's move to PAID, or not at all.
+///         outbox::stage(tx, Message::json("coupon.grant", &GrantCoupon { order_id })).await?;
+///         Ok(())
+///     }
+/// }
+/// # use idem::idempotent;
+/// ```
+pub async fn stage<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    message: Message,
+) -> Result<MessageId, sqlx::Error> {
+    let scope = effect::current();
+    stage_in::<DB>(tx, scope.as_deref(), message).await
+}
+
+/// Stages `message` on `conn` (in a transaction) for the call `scope`, if any.
+pub(crate) async fn stage_in<DB: Backend>(
+    conn: &mut DB::Connection,
+    scope: Option<&CallScope>,
+    message: Message,
+) -> Result<MessageId, sqlx::Error> {
+    message.check()?;
+    let id = match (&message.id, scope) {
+        (Some(id), _) => id.clone(),
+        (None, Some(scope)) => scope.effect().message_id(scope.next_position()),
+        (None, None) => return Err(OutboxError::NoEffect.into()),
+    };
+    let ordering_key = match (&message.ordering_key, scope) {
+        (Some(key), _) => key.as_str(),
+        (None, Some(scope)) => scope.ordering_key(),
+        // Its own key: ordered with nothing else.
+        (None, None) => id.as_str(),
+    };
+    let headers = message.headers_json();
+    let params = [
+        Param::Text(&id),
+        Param::Text(ordering_key),
+        Param::Text(&message.destination.name),
+        Param::Text(&message.destination.routing_key),
+        Param::Bytes(&message.payload),
+        Param::Text(&headers),
+    ];
+    let dialect = DB::dialect(conn)?;
+    let sql = dialect.outbox();
+    if sql.insert_returns_row {
+        DB::fetch(conn, &sql.insert, &params).await?;
+    } else {
+        insert_unless_taken::<DB>(conn, dialect, &sql.insert, &params).await?;
+    }
+    Ok(MessageId(id))
+}

@@ -1,0 +1,311 @@
+//! The outbox's statements (the table `idem_outbox`), and which of them each dialect runs.
+//! Every value is bound.
+//!
+//! A message is a row written in the transaction of the effect it announces; a relay claims
+//! rows, publishes them, and marks each once the broker acknowledged it. Times are
+//! milliseconds since the Unix epoch from the database's clock ([`Dialect::now_millis`]),
+//! written `{now}` in the templates below, as the inbox's are.
+//!
+//! **Order per ordering key, without a high-water mark.** A relay claims only the *head*
+//! of each ordering key: a pending message with no unpublished message of its key and a
+//! lower `seq` (the NOT EXISTS of every claim). It never remembers how far it read, so
+//! a message whose transaction commits after a higher `seq` was published (PostgreSQL's
+//! sequences and InnoDB's AUTO_INCREMENT hand out numbers at INSERT, not at COMMIT) is
+//! claimed by the next batch after its commit, never skipped. A claimed head stays
+//! unpublished until its relay marks it, so no other relay claims its successors meanwhile:
+//! on PostgreSQL and MySQL the head is locked (`FOR UPDATE SKIP LOCKED`: other relays pass
+//! over it), on SQLite its `claimed_until` lease is set in the claiming write transaction.
+
+use crate::dialect::Dialect;
+use std::sync::LazyLock;
+
+/// Stages a message; does nothing if a message with its id is in the outbox already.
+/// `$1` id, `$2` ordering key, `$3` destination, `$4` routing key, `$5` payload (bytes),
+/// `$6` headers (a JSON array of `[name, value]` pairs).
+pub const INSERT: &str = "INSERT INTO idem_outbox \
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now}) \
+    ON CONFLICT (id) DO NOTHING";
+
+/// [`INSERT`] on PostgreSQL, which also notifies the channel `idem_outbox` in the same
+/// transaction (delivered at its COMMIT, never for a rollback): a relay that listens wakes
+/// up at once. Returns `staged`, the rows inserted.
+pub const INSERT_NOTIFYING: &str = "WITH staged AS (INSERT INTO idem_outbox \
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now}) \
+    ON CONFLICT (id) DO NOTHING RETURNING seq) \
+    SELECT COUNT(*) AS staged FROM (SELECT pg_notify('idem_outbox', '') FROM staged) AS notified";
+
+/// [`INSERT`] on MySQL, which has no `ON CONFLICT`: a staged id fails with the
+/// duplicate-key error (1062), read as "nothing inserted" (`seq` is generated, so `id` is
+/// the only unique key a row can repeat).
+pub const INSERT_MYSQL: &str = "INSERT INTO idem_outbox \
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now})";
+
+/// The columns a claim reads, and `now`, the database's time then.
+const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload, headers, \
+    attempts, created_at, {now} AS now";
+
+/// The heads that are due: pending, not dead, their next attempt reached, and no
+/// unpublished message of their key before them.
+const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
+    AND o.next_attempt_at <= {now} \
+    AND NOT EXISTS (SELECT 1 FROM idem_outbox p \
+        WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL)";
+
+/// The `seq`s of at most `$1` due heads, oldest first, read without locking (MySQL, whose
+/// claim then locks each one by its primary key: [`LOCK_ONE_MYSQL`]).
+pub const CANDIDATES: &str = "SELECT o.seq FROM idem_outbox o WHERE {due} ORDER BY o.seq LIMIT $1";
+
+/// Locks one candidate (`$n` its seq) if it is still pending, passing over it if another
+/// relay holds it. A claim is the `UNION ALL` of one per candidate
+/// ([`OutboxSql::lock`]): InnoDB locks a row found by an equality on the primary key
+/// alone, while a locking read of a range or an `IN` list (under its default REPEATABLE
+/// READ) also locks the gaps it scanned, and every INSERT of a new message would wait for
+/// the relay's batch to be published and committed.
+pub const LOCK_ONE_MYSQL: &str = "(SELECT {claimed} FROM idem_outbox o \
+    WHERE o.seq = $n AND o.published_at IS NULL AND o.dead_at IS NULL FOR UPDATE SKIP LOCKED)";
+
+/// Claims at most `$1` due heads, oldest first, locking them until the relay's transaction
+/// ends and passing over those another relay holds (PostgreSQL; only the outer rows are
+/// locked, `OF o`).
+pub const CLAIM_LOCKED_POSTGRES: &str = "SELECT {claimed} FROM idem_outbox o WHERE {due} \
+    ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
+
+/// Claims at most `$1` due heads for `$2` milliseconds (SQLite, inside the writer's
+/// `BEGIN IMMEDIATE`, committed before publishing): a head whose claim lives is passed
+/// over, and keeps its key's successors back, until its relay marks it or the claim ends.
+pub const CLAIM_LEASED: &str = "UPDATE idem_outbox SET claimed_until = {now} + $2 \
+    WHERE seq IN (SELECT o.seq FROM idem_outbox o WHERE {due} \
+        AND (o.claimed_until IS NULL OR o.claimed_until <= {now}) \
+        ORDER BY o.seq LIMIT $1) \
+    RETURNING {claimed}";
+
+/// Marks published messages: `{seqs}` is the list of their `seq`s, `$1, $2, …`
+/// ([`OutboxSql::published`]).
+pub const PUBLISHED: &str = "UPDATE idem_outbox \
+    SET published_at = {now}, attempts = attempts + 1, last_error = NULL, claimed_until = NULL \
+    WHERE seq IN ({seqs}) AND published_at IS NULL";
+
+/// Records a failed attempt at `$1` seq: `$2` the error, its next attempt `$3` milliseconds
+/// from now, dead once it has made `$4` attempts. `dead_at` is assigned before `attempts`:
+/// MySQL evaluates the assignments of an UPDATE in order, each seeing the ones before it.
+pub const FAILED: &str = "UPDATE idem_outbox \
+    SET dead_at = CASE WHEN attempts + 1 >= $4 THEN {now} ELSE NULL END, \
+    attempts = attempts + 1, last_error = $2, next_attempt_at = {now} + $3, claimed_until = NULL \
+    WHERE seq = $1 AND published_at IS NULL";
+
+/// Puts a dead message (`$1` id) back, as new: attempts from 0, due now.
+pub const REQUEUE: &str = "UPDATE idem_outbox \
+    SET dead_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = {now}, claimed_until = NULL \
+    WHERE id = $1 AND dead_at IS NOT NULL";
+
+/// Deletes a dead message (`$1` id): its key's successors go on without it.
+pub const DISCARD: &str = "DELETE FROM idem_outbox WHERE id = $1 AND dead_at IS NOT NULL";
+
+/// The dead messages, oldest first, at most `$1`.
+pub const DEAD: &str = "SELECT seq, id, ordering_key, destination, routing_key, attempts, \
+    last_error, created_at, dead_at \
+    FROM idem_outbox WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
+
+/// How many messages are unpublished (dead ones included), how many of them are dead, and
+/// the age in milliseconds of the oldest unpublished one (NULL for none).
+pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, COUNT(dead_at) AS dead, \
+    {now} - MIN(created_at) AS oldest_age \
+    FROM idem_outbox WHERE published_at IS NULL";
+
+/// One bounded batch of retention (PostgreSQL): messages published more than `$1`
+/// milliseconds ago, at most `$2`, passing over rows another transaction holds.
+pub const PURGE_POSTGRES: &str = "DELETE FROM idem_outbox WHERE seq IN (\
+    SELECT seq FROM idem_outbox WHERE published_at < {now} - $1 \
+    ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// One bounded batch of retention (MySQL, which deletes with a `LIMIT` directly, oldest
+/// first along the index on `published_at`).
+pub const PURGE_MYSQL: &str = "DELETE FROM idem_outbox WHERE published_at < {now} - $1 \
+    ORDER BY published_at LIMIT $2";
+
+/// One bounded batch of retention (SQLite).
+pub const PURGE_SQLITE: &str = "DELETE FROM idem_outbox WHERE seq IN (\
+    SELECT seq FROM idem_outbox WHERE published_at < {now} - $1 \
+    ORDER BY published_at LIMIT $2)";
+
+/// Whether a relay claims by row lock for the length of its transaction (PostgreSQL,
+/// MySQL) or by a lease it commits before publishing (SQLite, whose one writer a relay must
+/// not hold while it waits for a broker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// `SELECT … FOR UPDATE SKIP LOCKED`, in the transaction that marks them (PostgreSQL).
+    Locked,
+    /// The candidates read, then each locked by its key ([`LOCK_ONE_MYSQL`]), in the
+    /// transaction that marks them (MySQL).
+    Candidates,
+    /// `UPDATE … SET claimed_until`, committed; marked in a second transaction.
+    Leased,
+}
+
+/// The outbox's statements as one dialect spells them ([`Dialect::outbox`]).
+#[derive(Debug)]
+pub struct OutboxSql {
+    /// [`INSERT_NOTIFYING`] on PostgreSQL (it returns a row), [`INSERT`] on SQLite,
+    /// [`INSERT_MYSQL`] on MySQL.
+    pub insert: String,
+    /// Whether [`insert`](Self::insert) returns its count as a row (`staged`).
+    pub insert_returns_row: bool,
+    /// How a relay claims.
+    pub claim_kind: Claim,
+    /// [`CLAIM_LOCKED_POSTGRES`], [`CLAIM_LEASED`] or [`CANDIDATES`].
+    pub claim: String,
+    /// [`LOCK_ONE_MYSQL`], `$n` to be numbered by [`lock`](Self::lock).
+    lock_one: String,
+    /// [`PUBLISHED`], `{seqs}` to be spelled by [`published`](Self::published).
+    published: String,
+    /// [`FAILED`].
+    pub failed: String,
+    /// [`REQUEUE`].
+    pub requeue: String,
+    /// [`DISCARD`].
+    pub discard: String,
+    /// [`DEAD`].
+    pub dead: String,
+    /// [`BACKLOG`].
+    pub backlog: String,
+    /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
+    pub purge: String,
+}
+
+impl OutboxSql {
+    fn of(dialect: Dialect) -> OutboxSql {
+        let now = dialect.now_millis();
+        let spell = |template: &str| {
+            template
+                .replace("{claimed}", CLAIMED)
+                .replace("{due}", DUE_HEADS)
+                .replace("{now}", now)
+        };
+        OutboxSql {
+            insert: spell(match dialect {
+                Dialect::Postgres => INSERT_NOTIFYING,
+                Dialect::Sqlite => INSERT,
+                Dialect::MySql => INSERT_MYSQL,
+            }),
+            insert_returns_row: dialect == Dialect::Postgres,
+            claim_kind: match dialect {
+                Dialect::Postgres => Claim::Locked,
+                Dialect::MySql => Claim::Candidates,
+                Dialect::Sqlite => Claim::Leased,
+            },
+            claim: spell(match dialect {
+                Dialect::Postgres => CLAIM_LOCKED_POSTGRES,
+                Dialect::Sqlite => CLAIM_LEASED,
+                Dialect::MySql => CANDIDATES,
+            }),
+            published: spell(PUBLISHED),
+            lock_one: spell(LOCK_ONE_MYSQL),
+            failed: spell(FAILED),
+            requeue: spell(REQUEUE),
+            discard: DISCARD.to_owned(),
+            dead: DEAD.to_owned(),
+            backlog: spell(BACKLOG),
+            purge: spell(match dialect {
+                Dialect::Postgres => PURGE_POSTGRES,
+                Dialect::Sqlite => PURGE_SQLITE,
+                Dialect::MySql => PURGE_MYSQL,
+            }),
+        }
+    }
+}
+
+impl OutboxSql {
+    /// [`PUBLISHED`] for `n` messages, their `seq`s bound as `$1` to `$n`.
+    pub fn published(&self, n: usize) -> String {
+        let seqs: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+        self.published.replace("{seqs}", &seqs.join(", "))
+    }
+
+    /// The claim of `n` candidates ([`LOCK_ONE_MYSQL`] for each), their `seq`s bound as
+    /// `$1` to `$n`.
+    pub fn lock(&self, n: usize) -> String {
+        let parts: Vec<String> = (1..=n)
+            .map(|i| self.lock_one.replace("$n", &format!("${i}")))
+            .collect();
+        parts.join(" UNION ALL ")
+    }
+}
+
+static POSTGRES: LazyLock<OutboxSql> = LazyLock::new(|| OutboxSql::of(Dialect::Postgres));
+static SQLITE: LazyLock<OutboxSql> = LazyLock::new(|| OutboxSql::of(Dialect::Sqlite));
+static MYSQL: LazyLock<OutboxSql> = LazyLock::new(|| OutboxSql::of(Dialect::MySql));
+
+/// The channel PostgreSQL notifies when a message is staged ([`INSERT_NOTIFYING`]).
+pub const CHANNEL: &str = "idem_outbox";
+
+impl Dialect {
+    /// The outbox's statements as this dialect spells them (built once per dialect).
+    pub fn outbox(self) -> &'static OutboxSql {
+        match self {
+            Dialect::Postgres => &POSTGRES,
+            Dialect::Sqlite => &SQLITE,
+            Dialect::MySql => &MYSQL,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_template_is_spelled_and_timed_by_the_database() {
+        for dialect in Dialect::ALL {
+            let sql = dialect.outbox();
+            for statement in [
+                &sql.insert,
+                &sql.claim,
+                &sql.published(2),
+                &sql.failed,
+                &sql.requeue,
+                &sql.backlog,
+                &sql.purge,
+            ] {
+                assert!(!statement.contains('{'), "{statement}");
+                assert!(!statement.contains('}'), "{statement}");
+                assert!(
+                    statement.contains(dialect.now_millis()),
+                    "{dialect:?}: {statement}"
+                );
+            }
+        }
+        assert!(Dialect::Postgres.outbox().insert.contains("pg_notify"));
+        assert!(Dialect::Postgres.outbox().insert_returns_row);
+        assert!(!Dialect::MySql.outbox().insert.contains("ON CONFLICT"));
+        assert!(!Dialect::MySql.outbox().claim.contains("FOR UPDATE"));
+        let lock = Dialect::MySql.outbox().lock(2);
+        assert!(lock.contains("o.seq = $1 AND") && lock.contains(") UNION ALL (SELECT"));
+        assert!(lock.contains("o.seq = $2 AND") && lock.ends_with("FOR UPDATE SKIP LOCKED)"));
+        assert!(
+            Dialect::Postgres
+                .outbox()
+                .claim
+                .contains("FOR UPDATE OF o SKIP LOCKED")
+        );
+        assert_eq!(Dialect::Sqlite.outbox().claim_kind, Claim::Leased);
+        assert!(
+            Dialect::Sqlite
+                .outbox()
+                .published(3)
+                .contains("seq IN ($1, $2, $3)")
+        );
+        assert!(Dialect::Sqlite.outbox().claim.contains("claimed_until"));
+    }
+
+    /// MySQL assigns in order: the dead test reads `attempts` before it is incremented.
+    #[test]
+    fn a_failure_decides_death_before_counting_the_attempt() {
+        let failed = Dialect::MySql.outbox().failed.as_str();
+        let dead = failed.find("dead_at =").unwrap();
+        let counted = failed.find("attempts = attempts + 1").unwrap();
+        assert!(dead < counted, "{failed}");
+    }
+}

@@ -1,0 +1,628 @@
+//! The outbox on SQLite, PostgreSQL and MariaDB: a message staged in a handler's body
+//! commits with its effect and with nothing else (a body error, a refusal, a caller's
+//! rollback stage nothing; a duplicate call stages nothing), its id is derived from the
+//! effect (a body that runs again stages the same ids), and the relay publishes every
+//! message, per ordering key in order, with several relays at once, backing off, parking a
+//! message that used its attempts and holding back its key until it is requeued or
+//! discarded; PostgreSQL's and MariaDB's commit-order gap skips nothing.
+
+use crate::common;
+
+use idem::inbox::{Delivery, Inbox, MessageKey, Received};
+use idem::outbox::{
+    self, EffectKey, Message, OutboxError, Outgoing, PublishError, Published, Publisher, Relay,
+};
+use idem::{Error, Outcome, StateMachine};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(table = "orders", key = "order_id", state = "status")]
+pub enum Order {
+    #[state(name = "CREATED", to(Paid, Cancelled))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+    #[state(name = "CANCELLED")]
+    Cancelled,
+}
+
+/// A publisher that records what it was given, and fails every message of the ordering
+/// keys it is told to.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    seen: Arc<Mutex<Vec<Outgoing>>>,
+    failing: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Recorder {
+    fn seen(&self) -> Vec<Outgoing> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn fail(&self, ordering_key: &str, fail: bool) {
+        let mut failing = self.failing.lock().unwrap();
+        if fail {
+            failing.insert(ordering_key.to_owned());
+        } else {
+            failing.remove(ordering_key);
+        }
+    }
+
+    /// The payloads seen, per ordering key, in the order they were published.
+    fn per_key(&self) -> HashMap<String, Vec<String>> {
+        let mut per_key: HashMap<String, Vec<String>> = HashMap::new();
+        for message in self.seen() {
+            per_key
+                .entry(message.ordering_key().to_owned())
+                .or_default()
+                .push(String::from_utf8(message.payload().to_vec()).unwrap());
+        }
+        per_key
+    }
+}
+
+impl Publisher for Recorder {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        if self
+            .failing
+            .lock()
+            .unwrap()
+            .contains(message.ordering_key())
+        {
+            return Err("the broker refused it".into());
+        }
+        // Yield, so that the batch's publishes and other relays interleave.
+        tokio::task::yield_now().await;
+        self.seen.lock().unwrap().push(message.clone());
+        Ok(Published::Acked)
+    }
+}
+
+/// The error inside a staging error: what the outbox said.
+fn outbox_error(e: &sqlx::Error) -> Option<&OutboxError> {
+    match e {
+        sqlx::Error::Encode(inner) => inner.downcast_ref::<OutboxError>(),
+        _ => None,
+    }
+}
+
+/// Runs relays until a batch finds nothing to do.
+async fn drain<DB: idem::Backend, P: Publisher>(relay: &Relay<DB, P>) -> usize {
+    let mut published = 0;
+    loop {
+        let relayed = relay.run_once().await.unwrap();
+        published += relayed.published;
+        if relayed.claimed == 0 {
+            return published;
+        }
+    }
+}
+
+macro_rules! outbox_tests {
+    ($module:ident, $db:ty, $pool:ty, $setup:expr, $begin:path, positional = $positional:expr) => {
+        mod $module {
+            use super::*;
+            use sqlx::Transaction;
+
+            /// Pays the order and stages `messages` messages (payloads `"{order}:{i}"`); fails
+            /// after staging when told to.
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn pay(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                messages: u32,
+                fail: bool,
+            ) -> Result<Vec<String>, sqlx::Error> {
+                let mut ids = Vec::new();
+                for i in 0..messages {
+                    let message = Message::bytes("orders.paid", format!("{order_id}:{i}"));
+                    ids.push(outbox::stage(tx, message).await?.to_string());
+                }
+                let effect = EffectKey::current().expect("a handler's body has an effect");
+                assert_eq!(
+                    ids.first().cloned(),
+                    (messages > 0).then(|| effect.message_id(0))
+                );
+                if fail {
+                    return Err(sqlx::Error::Protocol(format!("declined after {ids:?}")));
+                }
+                Ok(ids)
+            }
+
+            async fn setup(orders: i64) -> Option<$pool> {
+                let pool: $pool = $setup?;
+                idem::migrate(&pool).await.unwrap();
+                for order_id in 1..=orders {
+                    sqlx::query(common::placed(
+                        $positional,
+                        "INSERT INTO orders (order_id, status) VALUES ($1, 'CREATED')",
+                    ))
+                    .bind(order_id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                }
+                sqlx::query("UPDATE orders SET status = 'CANCELLED' WHERE order_id = 2")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                Some(pool)
+            }
+
+            async fn staged(pool: &$pool) -> i64 {
+                sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+
+            #[tokio::test]
+            async fn a_message_commits_with_its_effect_and_a_duplicate_stages_nothing() {
+                let Some(pool) = setup(3).await else { return };
+                let first = match pay(&pool, 1, 2, false).await.unwrap() {
+                    Outcome::Applied(ids) => ids,
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(first.len(), 2);
+                assert_ne!(first[0], first[1]);
+                assert!(first.iter().all(|id| id.len() == 64));
+                // The duplicate's body does not run: nothing more is staged.
+                assert!(matches!(
+                    pay(&pool, 1, 2, false).await.unwrap(),
+                    Outcome::AlreadyDone { .. }
+                ));
+                assert_eq!(staged(&pool).await, 2);
+                let recorder = Recorder::default();
+                let relay = Relay::new(pool.clone(), recorder.clone());
+                assert_eq!(drain(&relay).await, 2);
+                let seen = recorder.seen();
+                let ids: Vec<&str> = seen.iter().map(|m| m.id()).collect();
+                assert_eq!(ids, [first[0].as_str(), first[1].as_str()]);
+                assert_eq!(seen[0].ordering_key(), "orders/1");
+                assert_eq!(seen[0].destination(), "orders.paid");
+                assert_eq!(seen[0].attempt(), 1);
+                assert_eq!(outbox::backlog(&pool).await.unwrap().pending, 0);
+                // Published rows stay for the retention, then go.
+                assert_eq!(
+                    outbox::purge(&pool, Duration::from_secs(3600), 10)
+                        .await
+                        .unwrap(),
+                    0
+                );
+                assert_eq!(outbox::purge(&pool, Duration::ZERO, 1).await.unwrap(), 2);
+                assert_eq!(staged(&pool).await, 0);
+            }
+
+            #[tokio::test]
+            async fn a_body_error_a_refusal_or_a_callers_rollback_stage_nothing() {
+                let Some(pool) = setup(3).await else { return };
+                let failed = match pay(&pool, 1, 2, true).await {
+                    Err(Error::Handler(e)) => e.to_string(),
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(
+                    staged(&pool).await,
+                    0,
+                    "a body error rolls its messages back"
+                );
+                // Order 2 is CANCELLED: the body does not run.
+                assert!(matches!(
+                    pay(&pool, 2, 2, false).await.unwrap(),
+                    Outcome::IllegalState { .. }
+                ));
+                assert_eq!(staged(&pool).await, 0);
+                let mut tx = $begin(&pool).await;
+                assert!(pay(&mut tx, 3, 2, false).await.unwrap().is_applied());
+                tx.rollback().await.unwrap();
+                assert_eq!(
+                    staged(&pool).await,
+                    0,
+                    "the caller's rollback takes its messages"
+                );
+                // The body that runs again stages the very ids it staged the first time.
+                let ids = match pay(&pool, 1, 2, false).await.unwrap() {
+                    Outcome::Applied(ids) => ids,
+                    other => panic!("{other:?}"),
+                };
+                assert!(failed.contains(&format!("{ids:?}")), "{failed} vs {ids:?}");
+                assert_eq!(staged(&pool).await, 2);
+            }
+
+            #[tokio::test]
+            async fn an_inbox_handler_stages_under_its_message_and_a_redelivery_stages_nothing() {
+                let Some(pool) = setup(1).await else { return };
+                let inbox = Inbox::new("coupons").unwrap();
+                let key = MessageKey::new("order:1:paid").unwrap();
+                for _ in 0..2 {
+                    let delivery = inbox
+                        .process(
+                            &pool,
+                            &key,
+                            b"paid",
+                            async |tx: &mut Transaction<'static, $db>| {
+                                outbox::stage(tx, Message::json("coupon.granted", &1)).await?;
+                                Ok::<_, sqlx::Error>(())
+                            },
+                        )
+                        .await
+                        .unwrap();
+                    assert!(delivery.should_ack());
+                }
+                // The receipt form stages through the receipt.
+                let other = MessageKey::new("order:1:shipped").unwrap();
+                let Received::New(mut receipt) =
+                    inbox.receive::<_, ()>(&pool, &other, b"s").await.unwrap()
+                else {
+                    panic!("a first delivery");
+                };
+                let id = receipt
+                    .stage(Message::json("coupon.granted", &2))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    receipt.finish(Ok::<(), ()>(())).await.unwrap(),
+                    Delivery::Processed(())
+                );
+                assert_eq!(staged(&pool).await, 2);
+                let recorder = Recorder::default();
+                drain(&Relay::new(pool.clone(), recorder.clone())).await;
+                let seen = recorder.seen();
+                assert_eq!(seen.len(), 2);
+                assert_eq!(seen[0].ordering_key(), "coupons/order:1:paid");
+                assert_eq!(seen[1].id(), id.as_str());
+            }
+
+            #[tokio::test]
+            async fn outside_a_handler_a_message_needs_an_id_and_an_id_is_staged_once() {
+                let Some(pool) = setup(0).await else { return };
+                let mut tx = $begin(&pool).await;
+                let refused = outbox::stage(&mut tx, Message::json("a", &1))
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    outbox_error(&refused),
+                    Some(&OutboxError::NoEffect),
+                    "{refused}"
+                );
+                let invalid =
+                    outbox::stage(&mut tx, Message::json("a", &1).id("x").header("a b", "c"))
+                        .await
+                        .unwrap_err();
+                assert!(matches!(
+                    outbox_error(&invalid),
+                    Some(OutboxError::InvalidMessage(_))
+                ));
+                for _ in 0..2 {
+                    let id = outbox::stage(&mut tx, Message::json("a", &1).id("import-7"))
+                        .await
+                        .unwrap();
+                    assert_eq!(id.as_str(), "import-7");
+                }
+                tx.commit().await.unwrap();
+                assert_eq!(staged(&pool).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_failing_message_backs_off_dies_and_holds_its_key_until_requeued() {
+                let Some(pool) = setup(0).await else { return };
+                let mut tx = $begin(&pool).await;
+                for (key, i) in [("a", 0), ("a", 1), ("b", 0)] {
+                    let message = Message::bytes("m", format!("{key}{i}"))
+                        .ordering_key(key)
+                        .id(format!("{key}{i}"));
+                    outbox::stage(&mut tx, message).await.unwrap();
+                }
+                tx.commit().await.unwrap();
+                let recorder = Recorder::default();
+                recorder.fail("a", true);
+                let relay = Relay::new(pool.clone(), recorder.clone())
+                    .max_attempts(2)
+                    .backoff(Duration::ZERO, Duration::ZERO);
+                let first = relay.run_once().await.unwrap();
+                assert_eq!(
+                    (first.claimed, first.published, first.failed, first.dead),
+                    (2, 1, 1, 0)
+                );
+                let second = relay.run_once().await.unwrap();
+                assert_eq!((second.claimed, second.failed, second.dead), (1, 1, 1));
+                assert_eq!(
+                    relay.run_once().await.unwrap().claimed,
+                    0,
+                    "a dead head holds its key"
+                );
+                let dead = outbox::dead(&pool, 10).await.unwrap();
+                assert_eq!(dead.len(), 1);
+                assert_eq!((dead[0].id.as_str(), dead[0].attempts), ("a0", 2));
+                assert_eq!(dead[0].last_error.as_deref(), Some("the broker refused it"));
+                let backlog = outbox::backlog(&pool).await.unwrap();
+                assert_eq!((backlog.pending, backlog.dead), (2, 1));
+                assert!(backlog.oldest.is_some());
+                recorder.fail("a", false);
+                assert!(outbox::requeue(&pool, "a0").await.unwrap());
+                assert!(
+                    !outbox::requeue(&pool, "a0").await.unwrap(),
+                    "only a dead message is requeued"
+                );
+                assert_eq!(drain(&relay).await, 2);
+                assert_eq!(recorder.per_key()["a"], ["a0", "a1"]);
+                // A discarded dead message lets its key go on without it.
+                let mut tx = $begin(&pool).await;
+                for i in 0..2 {
+                    outbox::stage(
+                        &mut tx,
+                        Message::bytes("m", format!("c{i}"))
+                            .ordering_key("c")
+                            .id(format!("c{i}")),
+                    )
+                    .await
+                    .unwrap();
+                }
+                tx.commit().await.unwrap();
+                recorder.fail("c", true);
+                let relay = relay.max_attempts(1);
+                assert_eq!(relay.run_once().await.unwrap().dead, 1);
+                recorder.fail("c", false);
+                assert!(outbox::discard(&pool, "c0").await.unwrap());
+                assert_eq!(drain(&relay).await, 1);
+                assert_eq!(recorder.per_key()["c"], ["c1"]);
+            }
+
+            /// Several relays at once: every message published, per key in order.
+            #[tokio::test]
+            async fn relays_at_once_publish_every_message_in_order_per_key() {
+                let Some(pool) = setup(0).await else { return };
+                const KEYS: usize = 10;
+                const PER_KEY: usize = 20;
+                let writers: Vec<_> = (0..KEYS)
+                    .map(|k| {
+                        let pool = pool.clone();
+                        tokio::spawn(async move {
+                            for i in 0..PER_KEY {
+                                let mut tx = $begin(&pool).await;
+                                let id = format!("k{k}-{i:02}");
+                                let message = Message::bytes("m", id.clone())
+                                    .ordering_key(format!("k{k}"))
+                                    .id(id);
+                                outbox::stage(&mut tx, message).await.unwrap();
+                                tx.commit().await.unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                let recorder = Recorder::default();
+                let relays: Vec<_> = (0..3)
+                    .map(|_| {
+                        let relay = Relay::new(pool.clone(), recorder.clone()).batch_size(4);
+                        tokio::spawn(async move {
+                            let mut idle = 0;
+                            while idle < 20 {
+                                let relayed = relay.run_once().await.unwrap();
+                                if relayed.claimed == 0 {
+                                    idle += 1;
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                } else {
+                                    idle = 0;
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for writer in writers {
+                    writer.await.unwrap();
+                }
+                for relay in relays {
+                    relay.await.unwrap();
+                }
+                drain(&Relay::new(pool.clone(), recorder.clone())).await;
+                let per_key = recorder.per_key();
+                assert_eq!(per_key.len(), KEYS);
+                for (key, seen) in per_key {
+                    let expected: Vec<String> =
+                        (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
+                    assert_eq!(seen, expected, "key {key} out of order or repeated");
+                }
+                assert_eq!(outbox::backlog(&pool).await.unwrap().pending, 0);
+            }
+        }
+    };
+}
+
+outbox_tests!(
+    sqlite,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    Some(common::sqlite_file(&format!("outbox-{}", common::next_id()), 4).await),
+    begin_sqlite,
+    positional = false
+);
+outbox_tests!(
+    postgres,
+    sqlx::Postgres,
+    sqlx::PgPool,
+    common::postgres(&format!("outbox_{}", common::next_id()), 6).await,
+    begin_postgres,
+    positional = false
+);
+outbox_tests!(
+    mysql,
+    sqlx::MySql,
+    sqlx::MySqlPool,
+    common::mysql(&format!("outbox_{}", common::next_id()), 6).await,
+    begin_mysql,
+    positional = true
+);
+
+async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
+    pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+}
+
+async fn begin_postgres(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    pool.begin().await.unwrap()
+}
+
+async fn begin_mysql(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx::MySql> {
+    pool.begin().await.unwrap()
+}
+
+/// PostgreSQL hands out `seq` at INSERT, and a transaction that began first may commit
+/// last: its message has the lower `seq`, and is still published after it commits (no
+/// high-water mark passed over it).
+#[tokio::test]
+async fn postgres_a_lower_seq_committed_last_is_still_published() {
+    let Some(pool) = common::postgres(&format!("outbox_gap_{}", common::next_id()), 4).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let mut long = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut long,
+        Message::json("m", &"early").id("early").ordering_key("a"),
+    )
+    .await
+    .unwrap();
+    let mut short = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut short,
+        Message::json("m", &"late").id("late").ordering_key("b"),
+    )
+    .await
+    .unwrap();
+    short.commit().await.unwrap();
+    let recorder = Recorder::default();
+    let relay = Relay::new(pool.clone(), recorder.clone());
+    assert_eq!(drain(&relay).await, 1);
+    long.commit().await.unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let ids: Vec<String> = recorder.seen().iter().map(|m| m.id().to_owned()).collect();
+    assert_eq!(ids, ["late", "early"]);
+    let seqs: Vec<i64> = recorder.seen().iter().map(|m| m.seq()).collect();
+    assert!(
+        seqs[1] < seqs[0],
+        "the early message has the lower seq: {seqs:?}"
+    );
+}
+
+/// The same gap on MariaDB (AUTO_INCREMENT at INSERT), and the claim does not make the
+/// staging of new messages wait while a relay holds its batch.
+#[tokio::test]
+async fn mysql_a_lower_seq_committed_last_is_still_published() {
+    let Some(pool) = common::mysql(&format!("outbox_gap_{}", common::next_id()), 4).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let mut long = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut long,
+        Message::json("m", &"early").id("early").ordering_key("a"),
+    )
+    .await
+    .unwrap();
+    let mut short = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut short,
+        Message::json("m", &"late").id("late").ordering_key("b"),
+    )
+    .await
+    .unwrap();
+    short.commit().await.unwrap();
+    let recorder = Recorder::default();
+    let relay = Relay::new(pool.clone(), recorder.clone());
+    assert_eq!(drain(&relay).await, 1);
+    long.commit().await.unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let ids: Vec<String> = recorder.seen().iter().map(|m| m.id().to_owned()).collect();
+    assert_eq!(ids, ["late", "early"]);
+}
+
+/// A relay whose publish hangs holds its claim; meanwhile handlers stage new messages
+/// without waiting for it (InnoDB's gap locks would make them wait under a range claim).
+#[tokio::test]
+async fn mysql_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
+    let Some(pool) = common::mysql(&format!("outbox_nowait_{}", common::next_id()), 4).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    outbox::stage(&mut tx, Message::json("m", &1).id("held").ordering_key("a"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (entered, mut publishing) = tokio::sync::mpsc::channel(1);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let relay = Relay::new(
+        pool.clone(),
+        Hanging {
+            entered,
+            release: release.clone(),
+        },
+    );
+    let relaying = tokio::spawn(async move { relay.run_once().await.unwrap() });
+    publishing.recv().await.unwrap();
+    let staging = async {
+        for i in 0..5 {
+            let mut tx = pool.begin().await.unwrap();
+            outbox::stage(
+                &mut tx,
+                Message::json("m", &i)
+                    .id(format!("new-{i}"))
+                    .ordering_key(format!("k{i}")),
+            )
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), staging)
+        .await
+        .expect("staging waited for the relay's claim");
+    release.notify_one();
+    assert_eq!(relaying.await.unwrap().published, 1);
+}
+
+/// Tells when it is publishing, then waits to be released.
+struct Hanging {
+    entered: tokio::sync::mpsc::Sender<()>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Publisher for Hanging {
+    async fn publish(&self, _: &Outgoing) -> Result<Published, PublishError> {
+        let _ = self.entered.send(()).await;
+        self.release.notified().await;
+        Ok(Published::Acked)
+    }
+}
+
+/// A spawned relay on PostgreSQL is woken by the commit's notification, long before its
+/// poll interval.
+#[tokio::test]
+async fn postgres_a_spawned_relay_is_woken_by_the_commit() {
+    let Some(pool) = common::postgres(&format!("outbox_notify_{}", common::next_id()), 4).await
+    else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let recorder = Recorder::default();
+    let relay = Relay::new(pool.clone(), recorder.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .spawn()
+        .unwrap();
+    // Its first batch (nothing) and its LISTEN.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut tx = pool.begin().await.unwrap();
+    outbox::stage(&mut tx, Message::json("m", &1).id("woken"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let woken = async {
+        while recorder.seen().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), woken)
+        .await
+        .expect("the relay was not woken by the notification");
+    relay.stop().await;
+}
