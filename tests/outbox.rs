@@ -545,12 +545,15 @@ async fn mysql_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
     };
     idem::migrate(&pool).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
-    outbox::stage(&mut tx, Message::json("m", &1).id("held").ordering_key("a"))
-        .await
-        .unwrap();
+    for key in ["a", "b"] {
+        let message = Message::json("m", &1)
+            .id(format!("held-{key}"))
+            .ordering_key(key);
+        outbox::stage(&mut tx, message).await.unwrap();
+    }
     tx.commit().await.unwrap();
-    let (entered, mut publishing) = tokio::sync::mpsc::channel(1);
-    let release = Arc::new(tokio::sync::Notify::new());
+    let (entered, mut publishing) = tokio::sync::mpsc::channel(2);
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
     let relay = Relay::new(
         pool.clone(),
         Hanging {
@@ -559,6 +562,7 @@ async fn mysql_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
         },
     );
     let relaying = tokio::spawn(async move { relay.run_once().await.unwrap() });
+    publishing.recv().await.unwrap();
     publishing.recv().await.unwrap();
     let staging = async {
         for i in 0..5 {
@@ -577,20 +581,20 @@ async fn mysql_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
     tokio::time::timeout(Duration::from_secs(10), staging)
         .await
         .expect("staging waited for the relay's claim");
-    release.notify_one();
-    assert_eq!(relaying.await.unwrap().published, 1);
+    release.add_permits(2);
+    assert_eq!(relaying.await.unwrap().published, 2);
 }
 
 /// Tells when it is publishing, then waits to be released.
 struct Hanging {
     entered: tokio::sync::mpsc::Sender<()>,
-    release: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
 }
 
 impl Publisher for Hanging {
     async fn publish(&self, _: &Outgoing) -> Result<Published, PublishError> {
         let _ = self.entered.send(()).await;
-        self.release.notified().await;
+        self.release.acquire().await.unwrap().forget();
         Ok(Published::Acked)
     }
 }

@@ -36,6 +36,7 @@ mod migrations;
 mod nats;
 mod observability;
 mod outbox;
+mod outbox_brokers;
 mod postgres_types;
 mod rabbitmq;
 mod races;

@@ -25,6 +25,10 @@
 
 pub(crate) mod effect;
 mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 mod relay;
 mod stage;
 
@@ -102,6 +106,29 @@ impl From<OutboxError> for sqlx::Error {
         sqlx::Error::Encode(Box::new(e))
     }
 }
+
+/// Why a consumed message gives no inbox key: it carries no id (not published by an idem
+/// relay), or one that is no key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IncomingKeyError {
+    /// The message has no id (`Nats-Msg-Id`, AMQP `message_id`).
+    Missing,
+    /// Its id is no message key.
+    Invalid(crate::KeyError),
+}
+
+impl fmt::Display for IncomingKeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IncomingKeyError::Missing => f.write_str(
+                "the message carries no id (Nats-Msg-Id or AMQP message_id): it was not published by an idem relay, or its id was stripped",
+            ),
+            IncomingKeyError::Invalid(e) => write!(f, "the message's id is no message key: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for IncomingKeyError {}
 
 /// The unpublished messages: how many, how many of them are dead, and how long the oldest
 /// has waited (by the database's clock).
@@ -186,8 +213,9 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Err
     let plan = Admin {
         statement: |sql| &sql.requeue,
         params: vec![Param::Text(id)],
+        name: "requeued",
     };
-    stages_only(pool, &plan).await.map(|n| n > 0)
+    stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
 
 /// Deletes a dead message without publishing it: `true` if `id` was dead. Its ordering
@@ -196,8 +224,9 @@ pub async fn discard<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Err
     let plan = Admin {
         statement: |sql| &sql.discard,
         params: vec![Param::Text(id)],
+        name: "discarded",
     };
-    stages_only(pool, &plan).await.map(|n| n > 0)
+    stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
 
 /// Deletes the messages published more than `retention` ago, oldest first, in
@@ -216,8 +245,9 @@ pub async fn purge<DB: Backend>(
         let plan = Admin {
             statement: |sql| &sql.purge,
             params: vec![Param::Int(retention), Param::Int(batch)],
+            name: "purged",
         };
-        let deleted = stages_only(pool, &plan).await?;
+        let (deleted, _) = stages_only(pool, &plan).await?;
         total += deleted;
         if deleted < batch as u64 {
             return Ok(total);
@@ -231,11 +261,13 @@ pub async fn purge<DB: Backend>(
 struct Admin<'a> {
     statement: fn(&'static idem_sql::outbox::OutboxSql) -> &'static String,
     params: Vec<Param<'a>>,
+    /// Its outcome's name, for the span and the counters.
+    name: &'static str,
 }
 
 impl<DB: Backend> Plan<DB> for Admin<'_> {
     type Value = Infallible;
-    type Reply = u64;
+    type Reply = (u64, &'static str);
     type Kept = ();
 
     fn check(&self) -> Result<(), Error<Infallible>> {
@@ -246,11 +278,11 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         &self,
         tx: &mut DB::Connection,
         _: Entry,
-    ) -> Result<Entered<u64>, Error<Infallible>> {
+    ) -> Result<Entered<(u64, &'static str)>, Error<Infallible>> {
         let statement = (self.statement)(DB::dialect(tx)?.outbox());
         let changed = DB::execute(tx, statement, &self.params).await?;
         Ok(Entered::Done {
-            reply: changed,
+            reply: (changed, self.name),
             commit: true,
         })
     }
@@ -259,7 +291,7 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         match *value {}
     }
 
-    fn applied(&self, value: Infallible) -> u64 {
+    fn applied(&self, value: Infallible) -> (u64, &'static str) {
         match value {}
     }
 
@@ -267,8 +299,7 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         Labels::default()
     }
 
-    fn outcome_name(_: &u64) -> &'static str {
-        // The plan's own name is not reachable from here; one name for all.
-        "outbox"
+    fn outcome_name(reply: &(u64, &'static str)) -> &'static str {
+        reply.1
     }
 }
