@@ -131,6 +131,21 @@ macro_rules! outbox_tests {
                 Ok(ids)
             }
 
+            /// Cancels the order; its answer is the idempotency key it would give a payment
+            /// provider's refund, derived from its effect. Fails when told to.
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "CANCELLED")]
+            async fn cancel(
+                _tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                fail: bool,
+            ) -> Result<String, sqlx::Error> {
+                let refund = EffectKey::current().expect("a handler's body has an effect").derive("refund");
+                if fail {
+                    return Err(sqlx::Error::Protocol(refund));
+                }
+                Ok(refund)
+            }
+
             async fn setup(orders: i64) -> Option<$pool> {
                 let pool: $pool = $setup?;
                 idem::migrate(&pool).await.unwrap();
@@ -367,6 +382,55 @@ macro_rules! outbox_tests {
                 assert!(outbox::discard(&pool, "c0").await.unwrap());
                 assert_eq!(drain(&relay).await, 1);
                 assert_eq!(recorder.per_key()["c"], ["c1"]);
+            }
+
+            /// An outside API gets the same idempotency key from a body that runs again, from
+            /// a redelivered message, and from a leased claim taken over.
+            #[tokio::test]
+            async fn an_outside_call_gets_one_key_across_retries_redeliveries_and_takeovers() {
+                let Some(pool) = setup(3).await else { return };
+                let first = match cancel(&pool, 1, true).await {
+                    Err(Error::Handler(sqlx::Error::Protocol(key))) => key,
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(cancel(&pool, 1, false).await.unwrap(), Outcome::Applied(first.clone()));
+                assert_eq!(first.len(), 64);
+                let other = match cancel(&pool, 3, false).await.unwrap() {
+                    Outcome::Applied(key) => key,
+                    outcome => panic!("{outcome:?}"),
+                };
+                assert_ne!(first, other, "another order's refund has another key");
+                // A redelivered message, whose first delivery failed.
+                let inbox = Inbox::new("payments").unwrap();
+                let key = MessageKey::new("order:1:refund").unwrap();
+                let mut seen = Vec::new();
+                let failed = inbox
+                    .process(&pool, &key, b"r", async |_: &mut Transaction<'static, $db>| {
+                        seen.push(EffectKey::current().unwrap().derive("refund"));
+                        Err::<(), _>("declined")
+                    })
+                    .await;
+                assert!(matches!(failed, Err(Error::Handler("declined"))));
+                let Received::New(receipt) = inbox.receive::<_, ()>(&pool, &key, b"r").await.unwrap() else {
+                    panic!("not processed yet");
+                };
+                seen.push(receipt.effect_key().derive("refund"));
+                assert_eq!(receipt.finish(Ok::<(), ()>(())).await.unwrap(), Delivery::Processed(()));
+                assert_eq!(seen[0], seen[1]);
+                // A leased claim taken over after its lease ran out.
+                let clock = idem::inbox::ManualClock::new(1_700_000_000_000);
+                let leased = Inbox::new("payments").unwrap().clock(clock.clone()).lease(Duration::from_secs(30));
+                let key = MessageKey::new("order:3:refund").unwrap();
+                let idem::inbox::Claimed::Work(first) = leased.claim::<_, ()>(&pool, &key, b"r").await.unwrap() else {
+                    panic!("a first claim");
+                };
+                clock.advance(Duration::from_secs(31));
+                let idem::inbox::Claimed::Work(second) = leased.claim::<_, ()>(&pool, &key, b"r").await.unwrap() else {
+                    panic!("a takeover");
+                };
+                assert_eq!(second.attempt(), 2);
+                assert_eq!(first.effect_key().derive("refund"), second.effect_key().derive("refund"));
+                assert_ne!(first.effect_key(), EffectKey::of(&["payments", "order:3:refund"]));
             }
 
             /// Several relays at once: every message published, per key in order.

@@ -497,6 +497,16 @@ impl<DB: Backend> Receipt<DB> {
         self.stage.key()
     }
 
+    /// The message's effect: what [`EffectKey::current`](crate::outbox::EffectKey::current)
+    /// is in the body of [`Inbox::process`], the same for every redelivery of the message.
+    /// Pass `receipt.effect_key().derive("charge")` to an outside API as its idempotency key.
+    pub fn effect_key(&self) -> crate::outbox::EffectKey {
+        match self.work.call() {
+            Some(call) => call.effect(),
+            None => crate::outbox::EffectKey::of_message(self.stage.group(), self.key().as_str()),
+        }
+    }
+
     /// Stages `message` in the record's transaction ([`idem::outbox::stage`](crate::outbox::stage)),
     /// its id derived from this message's effect (the group and the message key) and its
     /// position among the messages this delivery stages: published once the record commits.
@@ -548,6 +558,14 @@ impl Lease {
     /// The message key: also the idempotency key to pass to outside services.
     pub fn key(&self) -> &MessageKey {
         &self.key
+    }
+
+    /// The message's effect, as a transactional handler of it would have
+    /// ([`EffectKey::current`](crate::outbox::EffectKey::current) in
+    /// [`Inbox::process`]): the same for every attempt, takeover and redelivery. Pass
+    /// `lease.effect_key().derive("charge")` to an outside API as its idempotency key.
+    pub fn effect_key(&self) -> crate::outbox::EffectKey {
+        crate::outbox::EffectKey::of_message(&self.inbox.group, self.key.as_str())
     }
 
     /// When the lease expires, in milliseconds since the epoch (as last claimed or

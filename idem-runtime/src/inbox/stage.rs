@@ -84,6 +84,10 @@ impl InboxStage {
         }
     }
 
+    pub(crate) fn group(&self) -> &str {
+        &self.inbox.group
+    }
+
     pub(crate) fn key(&self) -> &MessageKey {
         &self.key
     }

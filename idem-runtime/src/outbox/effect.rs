@@ -81,6 +81,15 @@ impl EffectKey {
         hex(&self.0)
     }
 
+    /// The effect of the message `key` of consumer group `group`.
+    pub(crate) fn of_message(group: &str, key: &str) -> EffectKey {
+        EffectKey::of_labels(&Labels {
+            group: Some(group),
+            key: Some(key),
+            ..Labels::default()
+        })
+    }
+
     fn of_labels(labels: &Labels<'_>) -> EffectKey {
         let (from, to) = labels.transition.unwrap_or(("", ""));
         let mut digest = Sha256::new();
