@@ -7,6 +7,7 @@
 //! - [`sql`]: the SQL reference — every statement each form sends, on each backend.
 //! - [`inbox`]: message consumers, exactly-once effects from at-least-once brokers.
 //! - [`http`]: idempotent HTTP requests, the `Idempotency-Key` layer (feature `http`).
+//! - [`outbox`]: messages that commit with their effect, and the relay that publishes them.
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.
@@ -26,6 +27,9 @@ pub mod inbox {}
 
 #[doc = include_str!("../docs/guide/http.md")]
 pub mod http {}
+
+#[doc = include_str!("../docs/guide/outbox.md")]
+pub mod outbox {}
 
 #[doc = include_str!("../docs/guide/observability.md")]
 pub mod observability {}

@@ -87,7 +87,7 @@
 //! Everything else is in [`guide`], a page a topic: [transitions and keys](guide::transitions)
 //! (columns set by the move, the one-statement form, watermarks, creations, your own
 //! transaction), the [SQL reference](guide::sql), [message consumers](guide::inbox),
-//! [HTTP APIs](guide::http), [observability](guide::observability),
+//! [HTTP APIs](guide::http), [the outbox](guide::outbox), [observability](guide::observability),
 //! [bad data and schema checks](guide::schema), [testing your handlers](guide::testing), and
 //! [what the tests prove](guide::proofs).
 
