@@ -28,17 +28,25 @@ pub enum FaultPoint {
     WorkDone,
     /// COMMIT returned; the caller has not seen the outcome.
     Committed,
+    /// Outbox relay: the broker acknowledged one message of the batch; the others may not
+    /// be yet, and nothing is marked.
+    Acked,
+    /// Outbox relay: every message of the batch was published (acknowledged or failed);
+    /// nothing is marked.
+    Published,
 }
 
 impl FaultPoint {
     /// Every point, in order.
-    pub const ALL: [FaultPoint; 6] = [
+    pub const ALL: [FaultPoint; 8] = [
         FaultPoint::Recorded,
         FaultPoint::Claimed,
         FaultPoint::Transitioned,
         FaultPoint::BodyDone,
         FaultPoint::WorkDone,
         FaultPoint::Committed,
+        FaultPoint::Acked,
+        FaultPoint::Published,
     ];
 
     /// The point's name in snake case (`"body_done"`), for logs and environment variables.
@@ -50,6 +58,8 @@ impl FaultPoint {
             FaultPoint::BodyDone => "body_done",
             FaultPoint::WorkDone => "work_done",
             FaultPoint::Committed => "committed",
+            FaultPoint::Acked => "acked",
+            FaultPoint::Published => "published",
         }
     }
 

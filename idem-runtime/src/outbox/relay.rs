@@ -4,6 +4,7 @@
 use super::Backlog;
 use crate::backend::{Backend, Dialect, Param, Record};
 use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
 use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin, stages_only};
 use idem_sql::outbox::Claim;
@@ -314,7 +315,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             }
             let publish = self.publisher.publish(&claimed.outgoing);
             match tokio::time::timeout(self.publish_timeout, publish).await {
-                Ok(Ok(published)) => Ok(published),
+                Ok(Ok(published)) => {
+                    reached(FaultPoint::Acked);
+                    Ok(published)
+                }
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!(
                     "no acknowledgement within {:?}",
@@ -322,7 +326,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 )),
             }
         });
-        join_all(publishing.collect()).await
+        let results = join_all(publishing.collect()).await;
+        reached(FaultPoint::Published);
+        results
     }
 
     /// The backoff after failed attempt `attempt` (from 1) of message `seq`.
