@@ -46,9 +46,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .connect(&database_url)
         .await?;
     if database_url.starts_with("sqlite:") {
-        sqlx::raw_sql("PRAGMA journal_mode = WAL").execute(&pool).await?;
+        sqlx::raw_sql("PRAGMA journal_mode = WAL")
+            .execute(&pool)
+            .await?;
     }
-    app::setup(&pool, orders).await.map_err(|e| format!("setup: {e}"))?;
+    app::setup(&pool, orders)
+        .await
+        .map_err(|e| format!("setup: {e}"))?;
 
     // The broker: a fresh stream for the coupons, and the consumer's durable pull consumer.
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
@@ -72,7 +76,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // The three parts.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let api = app::api(pool.clone(), "idem.example.coupon.grant".into()).map_err(|e| e.to_string())?;
+    let api =
+        app::api(pool.clone(), "idem.example.coupon.grant".into()).map_err(|e| e.to_string())?;
     tokio::spawn(async move { axum::serve(listener, api).await });
     let relay = app::relay(pool.clone(), js.clone()).spawn()?;
     let consuming = tokio::spawn(app::consume(pool.clone(), consumer, true));
@@ -95,7 +100,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let report = loop {
         let report = app::report(&pool).await?;
-        if report.rewarded == orders && report.pending == 0 || std::time::Instant::now() > deadline {
+        if report.rewarded == orders && report.pending == 0 || std::time::Instant::now() > deadline
+        {
             break report;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -105,7 +111,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     consuming.abort();
     js.delete_stream(STREAM).await?;
     assert_eq!(
-        (report.paid, report.rewarded, report.coupons, report.doubled, report.staged, report.pending),
+        (
+            report.paid,
+            report.rewarded,
+            report.coupons,
+            report.doubled,
+            report.staged,
+            report.pending
+        ),
         (orders, orders, orders, 0, orders, 0),
         "one payment, one message, one coupon per order, every message published"
     );
@@ -117,7 +130,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 struct Client(std::net::SocketAddr);
 
 impl Client {
-    async fn pay(&self, order_id: i64, key: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    async fn pay(
+        &self,
+        order_id: i64,
+        key: &str,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         use http_body_util::{BodyExt, Empty};
         let stream = tokio::net::TcpStream::connect(self.0).await?;
         let (mut sender, connection) =

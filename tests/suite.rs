@@ -17,6 +17,7 @@ mod http_client;
 #[path = "common/order.rs"]
 mod order;
 
+mod chain;
 mod clocks;
 mod composite_keys;
 mod composition;

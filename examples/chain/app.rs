@@ -28,7 +28,12 @@ use std::time::Duration;
 
 /// An order, paid by the API and rewarded by the consumer.
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(table = "chain_orders", key = "order_id", state = "status", version = "version")]
+#[machine(
+    table = "chain_orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
 pub enum Order {
     #[state(name = "CREATED", to(Paid))]
     Created,
@@ -57,10 +62,13 @@ pub async fn setup(pool: &AnyPool, orders: i64) -> Result<(), sqlx::Error> {
     .await?;
     let mut tx = pool.begin().await?;
     for order_id in 1..=orders {
-        sqlx::query(&placed(&tx, "INSERT INTO chain_orders (order_id, status) VALUES ($1, 'CREATED')"))
-            .bind(order_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(&placed(
+            &tx,
+            "INSERT INTO chain_orders (order_id, status) VALUES ($1, 'CREATED')",
+        ))
+        .bind(order_id)
+        .execute(&mut *tx)
+        .await?;
     }
     tx.commit().await
 }
@@ -111,7 +119,10 @@ pub async fn grant(
     order_id: i64,
 ) -> Result<(), sqlx::Error> {
     let insert = placed(tx, "INSERT INTO chain_coupons (order_id) VALUES ($1)");
-    sqlx::query(&insert).bind(order_id).execute(&mut **tx).await?;
+    sqlx::query(&insert)
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -158,7 +169,10 @@ pub async fn consume(
         let key = outbox::nats::message_key(&message)?;
         let GrantCoupon { order_id } = serde_json::from_slice(&message.payload)?;
         let delivery = grant(&pool, &inbox, &key, &message.payload, order_id).await?;
-        let first = message.info().map(|info| info.delivered == 1).unwrap_or(false);
+        let first = message
+            .info()
+            .map(|info| info.delivered == 1)
+            .unwrap_or(false);
         if delivery.should_ack() && !(redeliver_first && first && order_id % 10 == 0) {
             message.ack().await?;
         } else {
@@ -188,9 +202,8 @@ pub struct Report {
 }
 
 pub async fn report(pool: &AnyPool) -> Result<Report, sqlx::Error> {
-    let count = |sql: &'static str| async move {
-        sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await
-    };
+    let count =
+        |sql: &'static str| async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await };
     Ok(Report {
         paid: count("SELECT COUNT(*) FROM chain_orders WHERE status IN ('PAID', 'REWARDED')").await?,
         rewarded: count("SELECT COUNT(*) FROM chain_orders WHERE status = 'REWARDED'").await?,

@@ -43,6 +43,28 @@ pub fn stop_at(target: idem::fault::FaultPoint) {
     assert!(idem::fault::set_hook(hook), "a fault hook was already set");
 }
 
+/// Installs the child's fault hook, once: at the `n`-th time any call of the process passes
+/// `target` (from 1), it reports `crash-point <name>` and blocks until the parent kills it;
+/// it reports nothing else (a long run passes the points thousands of times).
+pub fn stop_at_nth(target: idem::fault::FaultPoint, n: u64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    static NTH: AtomicU64 = AtomicU64::new(0);
+    fn hook(point: idem::fault::FaultPoint) {
+        if TARGET.get() == Some(&point)
+            && PASSED.fetch_add(1, Ordering::SeqCst) + 1 == NTH.load(Ordering::SeqCst)
+        {
+            report(&format!("crash-point {}", point.name()));
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+    NTH.store(n, Ordering::SeqCst);
+    TARGET.set(target).expect("one crash point per child");
+    assert!(idem::fault::set_hook(hook), "a fault hook was already set");
+}
+
 /// A running child process, killed when dropped (a failed test leaves none behind).
 pub struct ChildProcess {
     child: Child,
