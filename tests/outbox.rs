@@ -146,6 +146,50 @@ macro_rules! outbox_tests {
                 Ok(refund)
             }
 
+            /// Creates the order (`create`) and stages one message; fails after staging when
+            /// told to.
+            #[idem::idempotent(machine = Order, key = "order_id", create = "CREATED")]
+            async fn open(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+                fail: bool,
+            ) -> Result<String, sqlx::Error> {
+                let id = outbox::stage(tx, Message::json("orders.opened", &order_id)).await?;
+                if fail {
+                    return Err(sqlx::Error::Protocol("refused after staging".into()));
+                }
+                Ok(id.to_string())
+            }
+
+            /// A consumer that pays the order (inbox + transition) and stages a message.
+            #[idem::idempotent(inbox = "inbox", message = "key", payload = "payload",
+                               machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            async fn consume_payment(
+                tx: &mut Transaction<'_, $db>,
+                inbox: &Inbox,
+                key: &MessageKey,
+                payload: &[u8],
+                order_id: i64,
+                fail: bool,
+            ) -> Result<(), sqlx::Error> {
+                outbox::stage(tx, Message::json("orders.paid", &order_id)).await?;
+                if fail {
+                    return Err(sqlx::Error::Protocol("refused after staging".into()));
+                }
+                Ok(())
+            }
+
+            /// A route behind the HTTP layer that stages a message, and answers 500 (not
+            /// stored, so rolled back) when the body says `fail`.
+            async fn route(mut tx: idem::http::Tx<$db>, body: String) -> axum::http::StatusCode {
+                outbox::stage(&mut tx, Message::bytes("orders.requested", body.clone())).await.unwrap();
+                if body == "fail" {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::CREATED
+                }
+            }
+
             async fn setup(orders: i64) -> Option<$pool> {
                 let pool: $pool = $setup?;
                 idem::migrate(&pool).await.unwrap();
@@ -382,6 +426,67 @@ macro_rules! outbox_tests {
                 assert!(outbox::discard(&pool, "c0").await.unwrap());
                 assert_eq!(drain(&relay).await, 1);
                 assert_eq!(recorder.per_key()["c"], ["c1"]);
+            }
+
+            #[tokio::test]
+            async fn a_creation_stages_with_its_row_and_a_duplicate_or_an_error_stages_nothing() {
+                let Some(pool) = setup(0).await else { return };
+                assert!(matches!(open(&pool, 5, true).await, Err(Error::Handler(_))));
+                assert_eq!(staged(&pool).await, 0);
+                let id = match open(&pool, 5, false).await.unwrap() {
+                    idem::Creation::Created(id) => id,
+                    other => panic!("{other:?}"),
+                };
+                assert!(matches!(open(&pool, 5, false).await.unwrap(), idem::Creation::Duplicate { .. }));
+                assert_eq!(staged(&pool).await, 1);
+                let recorder = Recorder::default();
+                drain(&Relay::new(pool.clone(), recorder.clone())).await;
+                assert_eq!(recorder.seen()[0].id(), id);
+                assert_eq!(recorder.seen()[0].ordering_key(), "orders/5");
+            }
+
+            #[tokio::test]
+            async fn an_inbox_transition_stages_only_when_it_applies() {
+                let Some(pool) = setup(3).await else { return };
+                let inbox = Inbox::new("payments").unwrap();
+                let key = |order: i64| MessageKey::new(format!("order:{order}:paid")).unwrap();
+                // Refused (order 2 is CANCELLED), failed: nothing staged.
+                let refused = consume_payment(&pool, &inbox, &key(2), b"p", 2, false).await.unwrap();
+                assert!(matches!(refused, Delivery::Refused(_)), "{refused:?}");
+                assert!(matches!(consume_payment(&pool, &inbox, &key(1), b"p", 1, true).await, Err(Error::Handler(_))));
+                assert_eq!(staged(&pool).await, 0);
+                assert_eq!(consume_payment(&pool, &inbox, &key(1), b"p", 1, false).await.unwrap(), Delivery::Processed(()));
+                // A redelivery, and another message for the same transition: nothing more.
+                assert!(consume_payment(&pool, &inbox, &key(1), b"p", 1, false).await.unwrap().should_ack());
+                let other = MessageKey::new("order:1:paid-again").unwrap();
+                assert!(matches!(
+                    consume_payment(&pool, &inbox, &other, b"p", 1, false).await.unwrap(),
+                    Delivery::Duplicate { .. }
+                ));
+                assert_eq!(staged(&pool).await, 1);
+                let recorder = Recorder::default();
+                drain(&Relay::new(pool.clone(), recorder.clone())).await;
+                assert_eq!(recorder.seen()[0].ordering_key(), "orders/1");
+            }
+
+            #[tokio::test]
+            async fn a_route_stages_with_its_response_and_a_replay_or_a_5xx_stages_nothing() {
+                let Some(pool) = setup(0).await else { return };
+                let keys = idem::http::IdempotencyLayer::new(pool.clone(), Inbox::new("api").unwrap()).unscoped();
+                let app = axum::Router::new().route("/orders", axum::routing::post(route).layer(keys));
+                let addr = crate::http_client::serve(app).await;
+                let failed = crate::http_client::post(addr, "/orders", "k-fail", "fail").await;
+                assert_eq!(failed.status, 500);
+                assert_eq!(staged(&pool).await, 0, "a response not stored rolls its message back");
+                assert_eq!(crate::http_client::post(addr, "/orders", "k-1", "one").await.status, 201);
+                let replay = crate::http_client::post(addr, "/orders", "k-1", "one").await;
+                assert!(replay.replayed());
+                assert_eq!(staged(&pool).await, 1, "a replay stages nothing");
+                let recorder = Recorder::default();
+                drain(&Relay::new(pool.clone(), recorder.clone())).await;
+                let seen = recorder.seen();
+                assert_eq!(seen[0].payload(), b"one");
+                assert!(seen[0].ordering_key().starts_with("api/"), "{}", seen[0].ordering_key());
             }
 
             /// An outside API gets the same idempotency key from a body that runs again, from
