@@ -798,4 +798,23 @@ async fn postgres_a_spawned_relay_is_woken_by_the_commit() {
         .await
         .expect("the relay was not woken by the notification");
     relay.stop().await;
+    // Without notifications it waits for its poll interval: an hour.
+    let deaf = Relay::new(pool.clone(), recorder.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .notifications(false)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut tx = pool.begin().await.unwrap();
+    outbox::stage(&mut tx, Message::json("m", &2).id("unheard"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        recorder.seen().len(),
+        1,
+        "a relay that does not listen was woken"
+    );
+    deaf.stop().await;
 }

@@ -431,6 +431,23 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
     .await;
     http_statements(addr).await;
     idem::migrate(&pool).await.unwrap();
+
+    // Staging on PostgreSQL: the INSERT that notifies, or (notifications off) the plain one.
+    let mut tx = pool.begin().await.unwrap();
+    take_log();
+    for (id, notify) in [("s-1", true), ("s-2", false)] {
+        idem::outbox::set_notify(notify);
+        let message = idem::outbox::Message::json("m", &1).id(id);
+        idem::outbox::stage(&mut tx, message).await.unwrap();
+    }
+    idem::outbox::set_notify(true);
+    tx.rollback().await.unwrap();
+    let outbox = idem::Dialect::Postgres.outbox();
+    assert_eq!(
+        inside_transaction(&take_log()),
+        [outbox.insert.as_str(), outbox.insert_quiet.as_str()]
+    );
+
     let addr = http_server(
         pool.clone(),
         axum::routing::post(async |mut tx: idem::http::Tx<sqlx::Postgres>| {

@@ -151,7 +151,12 @@ pub struct OutboxSql {
     /// [`INSERT_NOTIFYING`] on PostgreSQL (it returns a row), [`INSERT`] on SQLite,
     /// [`INSERT_MYSQL`] on MySQL.
     pub insert: String,
-    /// Whether [`insert`](Self::insert) returns its count as a row (`staged`).
+    /// [`INSERT`] (no notification), for PostgreSQL when staging does not notify (the
+    /// notification's lock at COMMIT serializes the commits of concurrent stagers);
+    /// elsewhere [`insert`](Self::insert).
+    pub insert_quiet: String,
+    /// Whether [`insert`](Self::insert) returns its count as a row (`staged`); never
+    /// [`insert_quiet`](Self::insert_quiet).
     pub insert_returns_row: bool,
     /// How a relay claims.
     pub claim_kind: Claim,
@@ -188,6 +193,10 @@ impl OutboxSql {
             insert: spell(match dialect {
                 Dialect::Postgres => INSERT_NOTIFYING,
                 Dialect::Sqlite => INSERT,
+                Dialect::MySql => INSERT_MYSQL,
+            }),
+            insert_quiet: spell(match dialect {
+                Dialect::Postgres | Dialect::Sqlite => INSERT,
                 Dialect::MySql => INSERT_MYSQL,
             }),
             insert_returns_row: dialect == Dialect::Postgres,

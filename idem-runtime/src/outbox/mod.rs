@@ -35,8 +35,8 @@ mod stage;
 pub use effect::{EffectKey, MAX_ORDERING_KEY_LEN};
 pub use message::{Destination, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
 pub use relay::{Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed};
-pub use stage::stage;
 pub(crate) use stage::stage_in;
+pub use stage::{set_notify, stage};
 
 use crate::backend::{Backend, Param};
 use crate::error::Error;

@@ -166,6 +166,7 @@ pub struct Relay<DB: Backend, P> {
     claim_for: Duration,
     poll: Duration,
     retention: Option<Duration>,
+    notifications: bool,
 }
 
 impl<DB: Backend, P: Publisher> Relay<DB, P> {
@@ -183,6 +184,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             claim_for: Duration::from_secs(30),
             poll: Duration::from_secs(1),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            notifications: true,
         }
     }
 
@@ -223,6 +225,14 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// notifies it when a message commits; elsewhere this is its only wake-up).
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether a spawned relay on PostgreSQL `LISTEN`s for the notification a message's
+    /// commit sends (the default), or only polls: off behind a pooler that cannot hold a
+    /// listening session (pgbouncer in transaction pooling). Elsewhere it always polls.
+    pub fn notifications(mut self, listen: bool) -> Self {
+        self.notifications = listen;
         self
     }
 
@@ -348,7 +358,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// errors are logged and waited out, never the end of it.
     pub async fn run(self, stop: impl Future<Output = ()>) {
         let mut stop = pin!(stop);
-        let mut wake = Wake::listen(&self.pool).await;
+        let mut wake = Wake::listen(&self.pool, self.notifications).await;
         let mut last_purge: Option<Instant> = None;
         loop {
             let more = match self.run_once().await {
@@ -780,19 +790,19 @@ struct Wake {
 }
 
 impl Wake {
-    async fn listen<DB: Backend>(pool: &Pool<DB>) -> Wake {
+    async fn listen<DB: Backend>(pool: &Pool<DB>, notifications: bool) -> Wake {
         #[cfg(feature = "postgres")]
         {
             let pool: &dyn std::any::Any = pool;
             let listener = match pool.downcast_ref::<Pool<sqlx::Postgres>>() {
-                Some(pool) => listening(pool).await,
-                None => None,
+                Some(pool) if notifications => listening(pool).await,
+                _ => None,
             };
             Wake { listener }
         }
         #[cfg(not(feature = "postgres"))]
         {
-            let _ = pool;
+            let _ = (pool, notifications);
             Wake {}
         }
     }

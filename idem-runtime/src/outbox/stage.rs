@@ -4,6 +4,7 @@ use super::effect::{self, CallScope};
 use super::{Message, MessageId, OutboxError};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use sqlx::Transaction;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Stages `message` in `tx`: it is published after `tx` commits, and never if `tx` rolls
 /// back. Inside a handler's body its id is derived from the handler's effect and its
@@ -73,10 +74,21 @@ pub(crate) async fn stage_in<DB: Backend>(
     ];
     let dialect = DB::dialect(conn)?;
     let sql = dialect.outbox();
-    if sql.insert_returns_row {
+    if NOTIFY.load(Ordering::Relaxed) && sql.insert_returns_row {
         DB::fetch(conn, &sql.insert, &params).await?;
     } else {
-        insert_unless_taken::<DB>(conn, dialect, &sql.insert, &params).await?;
+        insert_unless_taken::<DB>(conn, dialect, &sql.insert_quiet, &params).await?;
     }
     Ok(MessageId(id))
+}
+
+static NOTIFY: AtomicBool = AtomicBool::new(true);
+
+/// Whether staging on PostgreSQL notifies the channel `idem_outbox` (the default), which
+/// wakes a listening relay at the commit. Process-wide. PostgreSQL queues notifications
+/// under one lock taken at COMMIT, so transactions that stage commit one at a time: off,
+/// concurrent stagers commit in parallel and relays find their messages by polling
+/// ([`Relay::poll_interval`](super::Relay::poll_interval)). BENCHMARKS.md has both.
+pub fn set_notify(on: bool) {
+    NOTIFY.store(on, Ordering::Relaxed);
 }

@@ -1,0 +1,684 @@
+//! The outbox's costs, each against a baseline measured in the same run:
+//!
+//! 1. **Staging.** A transition whose body inserts its effect and stages one message, against
+//!    the same transition without the message; 1 and 8 tasks, on SQLite (a file, WAL,
+//!    `synchronous = FULL`), PostgreSQL (with its NOTIFY, and without: `set_notify(false)`)
+//!    and MariaDB.
+//! 2. **Relaying.** Draining 5,000 staged messages (1,000 ordering keys, five each) to NATS
+//!    JetStream and to RabbitMQ with idem's relay, against a relay loop written by hand on the
+//!    same table (`SELECT … ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED`, publish the batch,
+//!    await its acknowledgements, one `UPDATE` marking it, `COMMIT`), same batch size, same
+//!    database and broker; on PostgreSQL and MariaDB. The loop by hand keeps no order per key.
+//! 3. **Latency.** From a message's commit to its acknowledgement by JetStream, 300 messages
+//!    committed one every 10 ms, through a spawned relay on PostgreSQL woken by NOTIFY,
+//!    against the same relay polling (every 1 s, the default, and every 100 ms).
+//!
+//! Every cell runs its variants `ROUNDS` times in a fresh random order per round; tables show
+//! medians, and the median of the per-round ratios.
+//!
+//! ```sh
+//! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
+//! IDEM_BENCH_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
+//! IDEM_BENCH_NATS_URL=nats://127.0.0.1:4222 \
+//! IDEM_BENCH_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f cargo bench -p idem --bench outbox
+//! ```
+//!
+//! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
+//! scale it; without a URL its parts are skipped. The results are in BENCHMARKS.md.
+
+#[path = "support/chart.rs"]
+mod chart;
+
+use chart::median;
+use futures_util::future::join_all;
+use idem::StateMachine;
+use idem::outbox::{self, Message, Outgoing, PublishError, Published, Publisher, Relay};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
+enum Order {
+    #[state(name = "CREATED", to(Paid))]
+    Created,
+    #[state(name = "PAID")]
+    Paid,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A number no earlier call in this process returned.
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn url(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|u| !u.is_empty())
+}
+
+const TABLES: &str =
+    "CREATE TABLE orders (order_id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL,
+                                           version BIGINT NOT NULL DEFAULT 0);
+                      CREATE TABLE payments (order_id BIGINT NOT NULL)";
+
+/// The two handlers of part 1, on one backend.
+macro_rules! handlers {
+    ($module:ident, $db:ty, $insert:literal) => {
+        mod $module {
+            use super::*;
+            use sqlx::Transaction;
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            pub async fn plain(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query($insert)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            pub async fn staged(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query($insert)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                outbox::stage(tx, Message::json("bench.paid", &order_id)).await?;
+                Ok(())
+            }
+
+            /// Pays orders `1..=keys` with `tasks` tasks, staging or not: transitions per second.
+            pub async fn run(pool: &sqlx::Pool<$db>, keys: i64, tasks: i64, staging: bool) -> f64 {
+                let started = Instant::now();
+                let workers: Vec<_> = (0..tasks)
+                    .map(|t| {
+                        let pool = pool.clone();
+                        tokio::spawn(async move {
+                            for order_id in (1..=keys).filter(|k| k % tasks == t) {
+                                let outcome = if staging {
+                                    staged(&pool, order_id).await
+                                } else {
+                                    plain(&pool, order_id).await
+                                };
+                                assert!(outcome.unwrap().is_applied());
+                            }
+                        })
+                    })
+                    .collect();
+                for worker in workers {
+                    worker.await.unwrap();
+                }
+                keys as f64 / started.elapsed().as_secs_f64()
+            }
+        }
+    };
+}
+
+handlers!(
+    on_sqlite,
+    sqlx::Sqlite,
+    "INSERT INTO payments (order_id) VALUES ($1)"
+);
+handlers!(
+    on_postgres,
+    sqlx::Postgres,
+    "INSERT INTO payments (order_id) VALUES ($1)"
+);
+handlers!(
+    on_mysql,
+    sqlx::MySql,
+    "INSERT INTO payments (order_id) VALUES (?)"
+);
+
+/// Empty tables and `keys` orders CREATED, through `$pool`.
+macro_rules! reset {
+    ($pool:expr, $keys:expr) => {{
+        let pool = $pool;
+        for table in ["orders", "payments", "idem_outbox", "idem_results"] {
+            sqlx::query(&format!("DELETE FROM {table}"))
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        let values: Vec<String> = (1..=$keys).map(|k| format!("({k}, 'CREATED')")).collect();
+        for chunk in values.chunks(500) {
+            let sql = format!(
+                "INSERT INTO orders (order_id, status) VALUES {}",
+                chunk.join(", ")
+            );
+            sqlx::query(&sql).execute(pool).await.unwrap();
+        }
+    }};
+}
+
+/// Part 1 on one backend: the rows of its table.
+macro_rules! staging_cost {
+    ($name:expr, $pool:expr, $module:ident, $keys:expr, $rounds:expr) => {{
+        let pool = $pool;
+        let mut rows = Vec::new();
+        for tasks in [1i64, 8] {
+            let (mut plain, mut staged, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut rng = rand::rngs::StdRng::seed_from_u64(tasks as u64);
+            for _ in 0..$rounds {
+                let mut order = [false, true];
+                order.shuffle(&mut rng);
+                let mut round = [0.0; 2];
+                for staging in order {
+                    reset!(&pool, $keys);
+                    round[usize::from(staging)] = $module::run(&pool, $keys, tasks, staging).await;
+                }
+                plain.push(round[0]);
+                staged.push(round[1]);
+                ratios.push(round[1] / round[0]);
+            }
+            rows.push(format!(
+                "| {} | {tasks} | {:.0} | {:.0} | {:.2} ({:.2}–{:.2}) |",
+                $name,
+                median(plain),
+                median(staged),
+                median(ratios.clone()),
+                ratios.iter().cloned().fold(f64::MAX, f64::min),
+                ratios.iter().cloned().fold(f64::MIN, f64::max),
+            ));
+        }
+        rows
+    }};
+}
+
+/// A broker for part 2 and 3: idem's publisher, and the same publish written by hand.
+#[derive(Clone)]
+enum Broker {
+    Nats(async_nats::jetstream::Context, String),
+    Rabbit(lapin::Channel, String),
+}
+
+impl Broker {
+    fn name(&self) -> &'static str {
+        match self {
+            Broker::Nats(..) => "NATS JetStream",
+            Broker::Rabbit(..) => "RabbitMQ",
+        }
+    }
+
+    /// Where the messages go: a subject of the stream, or the queue (default exchange).
+    fn destination(&self) -> outbox::Destination {
+        match self {
+            Broker::Nats(_, stream) => outbox::Destination::subject(format!("{stream}.m")),
+            Broker::Rabbit(_, queue) => outbox::Destination::exchange("", queue.as_str()),
+        }
+    }
+
+    /// Publishes a batch by hand, all at once, and awaits every acknowledgement.
+    async fn publish_by_hand(&self, batch: &[(String, String, String, Vec<u8>)]) {
+        match self {
+            Broker::Nats(js, _) => {
+                let acks = join_all(batch.iter().map(|(id, subject, _, payload)| async move {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("Nats-Msg-Id", id.as_str());
+                    js.publish_with_headers(subject.clone(), headers, payload.clone().into())
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                }));
+                acks.await;
+            }
+            Broker::Rabbit(channel, _) => {
+                let confirms = join_all(batch.iter().map(
+                    |(id, exchange, routing_key, payload)| async move {
+                        let properties = lapin::BasicProperties::default()
+                            .with_message_id(id.as_str().into())
+                            .with_delivery_mode(2);
+                        channel
+                            .basic_publish(
+                                exchange.as_str().into(),
+                                routing_key.as_str().into(),
+                                lapin::options::BasicPublishOptions {
+                                    mandatory: true,
+                                    ..Default::default()
+                                },
+                                payload,
+                                properties,
+                            )
+                            .await
+                            .unwrap()
+                            .await
+                            .unwrap();
+                    },
+                ));
+                confirms.await;
+            }
+        }
+    }
+}
+
+impl Publisher for Broker {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        match self {
+            Broker::Nats(js, _) => {
+                outbox::nats::JetStream::new(js.clone())
+                    .publish(message)
+                    .await
+            }
+            Broker::Rabbit(channel, _) => {
+                outbox::rabbitmq::Rabbit::new(channel.clone())
+                    .publish(message)
+                    .await
+            }
+        }
+    }
+}
+
+const MESSAGES: usize = 5000;
+const BATCH: usize = 100;
+
+/// Part 2 on one database: the relay loop by hand, on `$pool`, its placeholders `$n` or `?`.
+macro_rules! by_hand {
+    ($pool:expr, $broker:expr, $claim:expr, $mark:expr) => {{
+        let (pool, broker) = ($pool, $broker);
+        let started = Instant::now();
+        let mut published = 0;
+        loop {
+            let mut tx = pool.begin().await.unwrap();
+            let rows: Vec<(i64, String, String, String, Vec<u8>)> = sqlx::query_as($claim)
+                .bind(BATCH as i64)
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+            if rows.is_empty() {
+                tx.commit().await.unwrap();
+                break;
+            }
+            let batch: Vec<(String, String, String, Vec<u8>)> = rows
+                .iter()
+                .map(|(_, id, d, r, p)| (id.clone(), d.clone(), r.clone(), p.clone()))
+                .collect();
+            broker.publish_by_hand(&batch).await;
+            let seqs: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
+            sqlx::query(&format!("{} ({})", $mark, seqs.join(", ")))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            published += rows.len();
+        }
+        assert_eq!(published, MESSAGES);
+        MESSAGES as f64 / started.elapsed().as_secs_f64()
+    }};
+}
+
+/// Stages the messages of part 2 (outside the timing): 1,000 keys, five messages each.
+macro_rules! stage_all {
+    ($pool:expr, $broker:expr) => {{
+        let pool = $pool;
+        for table in ["idem_outbox"] {
+            sqlx::query(&format!("DELETE FROM {table}"))
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        let mut tx = pool.begin().await.unwrap();
+        for i in 0..MESSAGES {
+            let message = Message::json($broker.destination(), &i)
+                .ordering_key(format!("k{}", i % 1000))
+                .id(format!("m-{}-{i}", unique()));
+            outbox::stage(&mut tx, message).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }};
+}
+
+async fn drain<DB: idem::Backend>(relay: &Relay<DB, Broker>) -> f64 {
+    let started = Instant::now();
+    let mut published = 0;
+    loop {
+        let relayed = relay.run_once().await.unwrap();
+        published += relayed.published;
+        if relayed.claimed == 0 {
+            break;
+        }
+    }
+    assert_eq!(published, MESSAGES);
+    MESSAGES as f64 / started.elapsed().as_secs_f64()
+}
+
+macro_rules! relay_cost {
+    ($name:expr, $pool:expr, $brokers:expr, $rounds:expr, $claim:expr, $mark:expr) => {{
+        let pool = $pool;
+        let mut rows = Vec::new();
+        for broker in $brokers {
+            let relay = Relay::new(pool.clone(), broker.clone()).batch_size(BATCH as u32);
+            let (mut idem_rates, mut hand_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..$rounds {
+                let mut round_rates = [0.0; 2];
+                let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+                for variant in order {
+                    stage_all!(&pool, broker);
+                    round_rates[variant] = if variant == 0 {
+                        drain(&relay).await
+                    } else {
+                        by_hand!(&pool, &broker, $claim, $mark)
+                    };
+                }
+                idem_rates.push(round_rates[0]);
+                hand_rates.push(round_rates[1]);
+                ratios.push(round_rates[0] / round_rates[1]);
+            }
+            rows.push(format!(
+                "| {} | {} | {:.0} | {:.0} | {:.2} ({:.2}–{:.2}) |",
+                $name,
+                broker.name(),
+                median(idem_rates),
+                median(hand_rates),
+                median(ratios.clone()),
+                ratios.iter().cloned().fold(f64::MAX, f64::min),
+                ratios.iter().cloned().fold(f64::MIN, f64::max),
+            ));
+        }
+        rows
+    }};
+}
+
+const CLAIM_PG: &str = "SELECT seq, id, destination, routing_key, payload FROM idem_outbox \
+    WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
+const MARK_PG: &str =
+    "UPDATE idem_outbox SET published_at = 1, attempts = attempts + 1 WHERE seq IN";
+const CLAIM_MYSQL: &str = "SELECT seq, CAST(id AS CHAR), destination, routing_key, payload FROM idem_outbox \
+    WHERE published_at IS NULL ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED";
+
+/// Records when the broker acknowledged each message.
+#[derive(Clone)]
+struct Timed {
+    broker: Broker,
+    acked: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Publisher for Timed {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        let published = self.broker.publish(message).await?;
+        self.acked
+            .lock()
+            .unwrap()
+            .insert(message.id().to_owned(), Instant::now());
+        Ok(published)
+    }
+}
+
+/// Part 3: commit-to-acknowledgement latencies (ms) through a spawned relay.
+async fn latencies(pool: &sqlx::PgPool, broker: &Broker, listen: bool, poll: Duration) -> Vec<f64> {
+    sqlx::query("DELETE FROM idem_outbox")
+        .execute(pool)
+        .await
+        .unwrap();
+    let timed = Timed {
+        broker: broker.clone(),
+        acked: Arc::default(),
+    };
+    let relay = Relay::new(pool.clone(), timed.clone())
+        .notifications(listen)
+        .poll_interval(poll)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = unique();
+    let mut committed = HashMap::new();
+    for i in 0..300 {
+        let id = format!("l-{run}-{i}");
+        let mut tx = pool.begin().await.unwrap();
+        outbox::stage(
+            &mut tx,
+            Message::json(broker.destination(), &i).id(id.clone()),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        committed.insert(id, Instant::now());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while timed.acked.lock().unwrap().len() < committed.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    relay.stop().await;
+    let acked = timed.acked.lock().unwrap();
+    let mut ms: Vec<f64> = committed
+        .iter()
+        .map(|(id, at)| acked[id].saturating_duration_since(*at).as_secs_f64() * 1000.0)
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn brokers() -> Vec<Broker> {
+    let mut brokers = Vec::new();
+    if let Some(url) = url("IDEM_BENCH_NATS_URL") {
+        let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+        let name = format!("IDEM_BENCH_OUTBOX_{}", std::process::id());
+        let _ = js.delete_stream(&name).await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        brokers.push(Broker::Nats(js, name));
+    }
+    if let Some(url) = url("IDEM_BENCH_AMQP_URL") {
+        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let queue = format!("idem-bench-outbox-{}", std::process::id());
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        // The connection lives as long as the benchmark.
+        std::mem::forget(connection);
+        brokers.push(Broker::Rabbit(channel, queue));
+    }
+    brokers
+}
+
+async fn cleanup(brokers: &[Broker]) {
+    for broker in brokers {
+        match broker {
+            Broker::Nats(js, name) => {
+                let _ = js.delete_stream(name).await;
+            }
+            Broker::Rabbit(channel, queue) => {
+                let _ = channel
+                    .queue_delete(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let keys = env_usize("IDEM_BENCH_KEYS", 1000) as i64;
+    let rounds = env_usize("IDEM_BENCH_ROUNDS", 5);
+    sqlx::any::install_default_drivers();
+    let postgres = match url("IDEM_BENCH_POSTGRES_URL") {
+        Some(url) => {
+            let admin = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::raw_sql(
+                "DROP SCHEMA IF EXISTS idem_bench_outbox CASCADE; CREATE SCHEMA idem_bench_outbox",
+            )
+            .execute(&admin)
+            .await
+            .unwrap();
+            let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .connect_with(options.options([("search_path", "idem_bench_outbox")]))
+                .await
+                .unwrap();
+            sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+            idem::migrate(&pool).await.unwrap();
+            Some(pool)
+        }
+        None => None,
+    };
+    let mysql = match url("IDEM_BENCH_MYSQL_URL") {
+        Some(url) => {
+            let admin = sqlx::MySqlPool::connect(&url).await.unwrap();
+            sqlx::raw_sql(
+                "DROP DATABASE IF EXISTS idem_bench_outbox; CREATE DATABASE idem_bench_outbox",
+            )
+            .execute(&admin)
+            .await
+            .unwrap();
+            let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(8)
+                .connect_with(options.database("idem_bench_outbox"))
+                .await
+                .unwrap();
+            sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+            idem::migrate(&pool).await.unwrap();
+            Some(pool)
+        }
+        None => None,
+    };
+    let path = std::env::temp_dir().join(format!("idem-bench-outbox-{}.db", std::process::id()));
+    let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(idem::sqlite_options(&format!("sqlite:{}", path.display())).unwrap())
+        .await
+        .unwrap();
+    sqlx::raw_sql(TABLES).execute(&sqlite).await.unwrap();
+    idem::migrate(&sqlite).await.unwrap();
+
+    println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
+    println!("| backend | tasks | without, transitions/s | with one message | ratio (range) |");
+    println!("|---|---|---|---|---|");
+    for row in staging_cost!("SQLite (file)", sqlite.clone(), on_sqlite, keys, rounds) {
+        println!("{row}");
+    }
+    if let Some(pool) = &postgres {
+        for row in staging_cost!("PostgreSQL", pool.clone(), on_postgres, keys, rounds) {
+            println!("{row}");
+        }
+        outbox::set_notify(false);
+        for row in staging_cost!(
+            "PostgreSQL, no NOTIFY",
+            pool.clone(),
+            on_postgres,
+            keys,
+            rounds
+        ) {
+            println!("{row}");
+        }
+        outbox::set_notify(true);
+    }
+    if let Some(pool) = &mysql {
+        for row in staging_cost!("MariaDB", pool.clone(), on_mysql, keys, rounds) {
+            println!("{row}");
+        }
+    }
+
+    let brokers = brokers().await;
+    let relay_rounds = rounds.min(3);
+    println!("\n## Relaying {MESSAGES} messages, batches of {BATCH} ({relay_rounds} rounds)\n");
+    println!("| database | broker | idem, messages/s | by hand | ratio (range) |");
+    println!("|---|---|---|---|---|");
+    if let Some(pool) = &postgres {
+        for row in relay_cost!(
+            "PostgreSQL",
+            pool.clone(),
+            brokers.clone(),
+            relay_rounds,
+            CLAIM_PG,
+            MARK_PG
+        ) {
+            println!("{row}");
+        }
+    }
+    if let Some(pool) = &mysql {
+        for row in relay_cost!(
+            "MariaDB",
+            pool.clone(),
+            brokers.clone(),
+            relay_rounds,
+            CLAIM_MYSQL,
+            MARK_PG
+        ) {
+            println!("{row}");
+        }
+    }
+
+    if let (Some(pool), Some(nats)) = (
+        &postgres,
+        brokers.iter().find(|b| matches!(b, Broker::Nats(..))),
+    ) {
+        println!(
+            "\n## Commit to acknowledgement, PostgreSQL to JetStream, 300 messages one every 10 ms\n"
+        );
+        println!("| wake-up | p50 ms | p99 ms | max ms |");
+        println!("|---|---|---|---|");
+        for (name, listen, poll) in [
+            (
+                "NOTIFY (poll 1 s as fallback)",
+                true,
+                Duration::from_secs(1),
+            ),
+            ("polling every 1 s", false, Duration::from_secs(1)),
+            ("polling every 100 ms", false, Duration::from_millis(100)),
+        ] {
+            let ms = latencies(pool, nats, listen, poll).await;
+            println!(
+                "| {name} | {:.1} | {:.1} | {:.1} |",
+                percentile(&ms, 0.5),
+                percentile(&ms, 0.99),
+                ms.last().copied().unwrap_or(0.0)
+            );
+        }
+    }
+    cleanup(&brokers).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
