@@ -24,7 +24,8 @@
 //! ```
 //!
 //! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
-//! scale it; without a URL its parts are skipped. The results are in BENCHMARKS.md.
+//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency`) picks parts; without a URL its parts
+//! are skipped. The results are in BENCHMARKS.md.
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -592,68 +593,75 @@ async fn main() {
     sqlx::raw_sql(TABLES).execute(&sqlite).await.unwrap();
     idem::migrate(&sqlite).await.unwrap();
 
-    println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
-    println!("| backend | tasks | without, transitions/s | with one message | ratio (range) |");
-    println!("|---|---|---|---|---|");
-    for row in staging_cost!("SQLite (file)", sqlite.clone(), on_sqlite, keys, rounds) {
-        println!("{row}");
-    }
-    if let Some(pool) = &postgres {
-        for row in staging_cost!("PostgreSQL", pool.clone(), on_postgres, keys, rounds) {
+    let parts =
+        std::env::var("IDEM_BENCH_PARTS").unwrap_or_else(|_| "staging,relay,latency".into());
+    let part = |name: &str| parts.split(',').any(|p| p == name);
+    if part("staging") {
+        println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
+        println!("| backend | tasks | without, transitions/s | with one message | ratio (range) |");
+        println!("|---|---|---|---|---|");
+        for row in staging_cost!("SQLite (file)", sqlite.clone(), on_sqlite, keys, rounds) {
             println!("{row}");
         }
-        outbox::set_notify(false);
-        for row in staging_cost!(
-            "PostgreSQL, no NOTIFY",
-            pool.clone(),
-            on_postgres,
-            keys,
-            rounds
-        ) {
-            println!("{row}");
+        if let Some(pool) = &postgres {
+            for row in staging_cost!("PostgreSQL", pool.clone(), on_postgres, keys, rounds) {
+                println!("{row}");
+            }
+            outbox::set_notify(false);
+            for row in staging_cost!(
+                "PostgreSQL, no NOTIFY",
+                pool.clone(),
+                on_postgres,
+                keys,
+                rounds
+            ) {
+                println!("{row}");
+            }
+            outbox::set_notify(true);
         }
-        outbox::set_notify(true);
-    }
-    if let Some(pool) = &mysql {
-        for row in staging_cost!("MariaDB", pool.clone(), on_mysql, keys, rounds) {
-            println!("{row}");
+        if let Some(pool) = &mysql {
+            for row in staging_cost!("MariaDB", pool.clone(), on_mysql, keys, rounds) {
+                println!("{row}");
+            }
         }
     }
-
     let brokers = brokers().await;
-    let relay_rounds = rounds.min(3);
-    println!("\n## Relaying {MESSAGES} messages, batches of {BATCH} ({relay_rounds} rounds)\n");
-    println!("| database | broker | idem, messages/s | by hand | ratio (range) |");
-    println!("|---|---|---|---|---|");
-    if let Some(pool) = &postgres {
-        for row in relay_cost!(
-            "PostgreSQL",
-            pool.clone(),
-            brokers.clone(),
-            relay_rounds,
-            CLAIM_PG,
-            MARK_PG
-        ) {
-            println!("{row}");
+    if part("relay") {
+        let relay_rounds = rounds.min(3);
+        println!("\n## Relaying {MESSAGES} messages, batches of {BATCH} ({relay_rounds} rounds)\n");
+        println!("| database | broker | idem, messages/s | by hand | ratio (range) |");
+        println!("|---|---|---|---|---|");
+        if let Some(pool) = &postgres {
+            for row in relay_cost!(
+                "PostgreSQL",
+                pool.clone(),
+                brokers.clone(),
+                relay_rounds,
+                CLAIM_PG,
+                MARK_PG
+            ) {
+                println!("{row}");
+            }
+        }
+        if let Some(pool) = &mysql {
+            for row in relay_cost!(
+                "MariaDB",
+                pool.clone(),
+                brokers.clone(),
+                relay_rounds,
+                CLAIM_MYSQL,
+                MARK_PG
+            ) {
+                println!("{row}");
+            }
         }
     }
-    if let Some(pool) = &mysql {
-        for row in relay_cost!(
-            "MariaDB",
-            pool.clone(),
-            brokers.clone(),
-            relay_rounds,
-            CLAIM_MYSQL,
-            MARK_PG
-        ) {
-            println!("{row}");
-        }
-    }
-
-    if let (Some(pool), Some(nats)) = (
-        &postgres,
-        brokers.iter().find(|b| matches!(b, Broker::Nats(..))),
-    ) {
+    if part("latency")
+        && let (Some(pool), Some(nats)) = (
+            &postgres,
+            brokers.iter().find(|b| matches!(b, Broker::Nats(..))),
+        )
+    {
         println!(
             "\n## Commit to acknowledgement, PostgreSQL to JetStream, 300 messages one every 10 ms\n"
         );

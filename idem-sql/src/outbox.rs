@@ -83,10 +83,14 @@ pub const CLAIM_LEASED: &str = "UPDATE idem_outbox SET claimed_until = {now} + $
     RETURNING {claimed}";
 
 /// Marks published messages: `{seqs}` is the list of their `seq`s, `$1, $2, …`
-/// ([`OutboxSql::published`]).
+/// ([`OutboxSql::published`]). Without `AND published_at IS NULL`: the relay holds the rows
+/// it marks (locked, or leased on SQLite, where a second mark after a lost lease is
+/// harmless), and with that predicate PostgreSQL plans the UPDATE along the partial index of
+/// pending messages, scanning it whole (measured: a relay at 0.6 of a loop written by hand,
+/// 1.1 without).
 pub const PUBLISHED: &str = "UPDATE idem_outbox \
     SET published_at = {now}, attempts = attempts + 1, last_error = NULL, claimed_until = NULL \
-    WHERE seq IN ({seqs}) AND published_at IS NULL";
+    WHERE seq IN ({seqs})";
 
 /// Records a failed attempt at `$1` seq: `$2` the error, its next attempt `$3` milliseconds
 /// from now, dead once it has made `$4` attempts. `dead_at` is assigned before `attempts`:

@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasher, RandomState};
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -336,7 +336,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 )),
             }
         });
-        let results = join_all(publishing.collect()).await;
+        // Polled as each is woken, not all at every wake-up.
+        let results = futures_util::future::join_all(publishing).await;
         reached(FaultPoint::Published);
         results
     }
@@ -729,30 +730,6 @@ impl Relayed {
 /// A duration in whole milliseconds, saturating.
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Polls every future until all are done; their outputs in order.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(done) => *output = Some(done),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// Which of two futures finished first.
