@@ -355,3 +355,63 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
         1
     );
 }
+
+/// Fails every message of ordering key `"bad"`.
+struct FailingBad;
+
+impl idem::outbox::Publisher for FailingBad {
+    async fn publish(
+        &self,
+        message: &idem::outbox::Outgoing,
+    ) -> Result<idem::outbox::Published, idem::outbox::PublishError> {
+        if message.ordering_key() == "bad" {
+            return Err("refused".into());
+        }
+        Ok(idem::outbox::Published::Acked)
+    }
+}
+
+#[test]
+fn a_relay_batch_has_its_span_and_its_counters() {
+    use idem::outbox::{Message, Relay};
+    let (capture, counters) = (Capture::default(), Counters::default());
+    observed(&capture, &counters, async || {
+        let pool = setup("observability-outbox").await;
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        for (id, key) in [("a", "good"), ("b", "other"), ("c", "bad")] {
+            let message = Message::json("m", &1).id(id).ordering_key(key);
+            idem::outbox::stage(&mut tx, message).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let relay = Relay::new(pool.clone(), FailingBad)
+            .max_attempts(1)
+            .backoff(Duration::ZERO, Duration::ZERO);
+        let relayed = relay.run_once().await.unwrap();
+        assert_eq!((relayed.published, relayed.failed, relayed.dead), (2, 1, 1));
+    });
+    let captured = capture.0.lock().unwrap();
+    let batch = captured
+        .spans
+        .iter()
+        .find(|(name, _)| name == "idem.outbox.relay")
+        .map(|(_, fields)| fields.clone())
+        .expect("a span per batch");
+    assert_eq!(batch["db.system.name"], "sqlite");
+    assert_eq!(batch["messaging.batch.message_count"], "3");
+    assert_eq!(
+        (
+            batch["idem.published"].as_str(),
+            batch["idem.failed"].as_str(),
+            batch["idem.dead"].as_str()
+        ),
+        ("2", "1", "1")
+    );
+    let dead = captured.events.iter().any(|(message, within)| {
+        message.contains("dead after its last attempt") && within.is_some()
+    });
+    assert!(dead, "the dead message is logged: {:?}", captured.events);
+    drop(captured);
+    assert_eq!(counters.get("idem_outbox_published_total{}"), 2);
+    assert_eq!(counters.get("idem_outbox_failed_total{}"), 1);
+    assert_eq!(counters.get("idem_outbox_dead_total{}"), 1);
+}

@@ -11,8 +11,8 @@ use crate::value::hex::hex;
 use crate::work::observe::Labels;
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The identity of one effect: the SHA-256 of what identifies the call that applies it,
 /// each part length-prefixed so that no two calls share a digest —
@@ -37,7 +37,7 @@ impl EffectKey {
     /// [`Inbox::process`](crate::inbox::Inbox::process), of a route behind the HTTP layer.
     /// `None` elsewhere.
     pub fn current() -> Option<EffectKey> {
-        CALL.try_with(|call| call.as_ref().map(|c| c.effect))
+        CALL.try_with(|call| call.as_ref().map(|c| c.effect()))
             .ok()
             .flatten()
     }
@@ -128,12 +128,17 @@ fn part(digest: &mut Sha256, bytes: &[u8]) {
 /// The longest ordering key, in bytes (the column's size on MySQL).
 pub const MAX_ORDERING_KEY_LEN: usize = 255;
 
-/// The call a handler's body runs for: its effect, its default ordering key, and how many
-/// messages it has staged.
+/// The call a handler's body runs for: what identifies it, and how many messages it has
+/// staged. Every call makes one, most never stage: the digest and the ordering key are
+/// computed on first use.
 #[derive(Debug)]
 pub(crate) struct CallScope {
-    effect: EffectKey,
-    ordering_key: String,
+    machine: Option<&'static str>,
+    transition: Option<(&'static str, &'static str)>,
+    group: Option<String>,
+    key: String,
+    effect: OnceLock<EffectKey>,
+    ordering_key: OnceLock<String>,
     staged: AtomicU32,
 }
 
@@ -141,34 +146,50 @@ impl CallScope {
     /// The scope of a call about `labels`; `None` for a call with no key (nothing to derive
     /// from).
     pub(crate) fn of(labels: &Labels<'_>) -> Option<Arc<CallScope>> {
-        let key = labels.key?;
-        let ordering_key = match (labels.machine, labels.group) {
-            (Some(machine), _) => format!("{machine}/{key}"),
-            (None, Some(group)) => format!("{group}/{key}"),
-            (None, None) => key.to_owned(),
-        };
-        let ordering_key = if ordering_key.len() <= MAX_ORDERING_KEY_LEN {
-            ordering_key
-        } else {
-            format!("sha256:{}", hex(&Sha256::digest(ordering_key.as_bytes())))
-        };
         Some(Arc::new(CallScope {
-            effect: EffectKey::of_labels(labels),
-            ordering_key,
+            machine: labels.machine,
+            transition: labels.transition,
+            group: labels.group.map(str::to_owned),
+            key: labels.key?.to_owned(),
+            effect: OnceLock::new(),
+            ordering_key: OnceLock::new(),
             staged: AtomicU32::new(0),
         }))
     }
 
+    fn labels(&self) -> Labels<'_> {
+        Labels {
+            machine: self.machine,
+            transition: self.transition,
+            group: self.group.as_deref(),
+            key: Some(&self.key),
+        }
+    }
+
     /// The effect's key.
     pub(crate) fn effect(&self) -> EffectKey {
-        self.effect
+        *self
+            .effect
+            .get_or_init(|| EffectKey::of_labels(&self.labels()))
     }
 
     /// The ordering key of the messages it stages by default: `machine/key` for a
     /// transition or a creation, `group/key` for an inbox handler or an HTTP request
     /// (the digest, `sha256:…`, of one longer than 255 bytes).
     pub(crate) fn ordering_key(&self) -> &str {
-        &self.ordering_key
+        self.ordering_key.get_or_init(|| {
+            let key = &self.key;
+            let ordering_key = match (self.machine, &self.group) {
+                (Some(machine), _) => format!("{machine}/{key}"),
+                (None, Some(group)) => format!("{group}/{key}"),
+                (None, None) => key.clone(),
+            };
+            if ordering_key.len() <= MAX_ORDERING_KEY_LEN {
+                ordering_key
+            } else {
+                format!("sha256:{}", hex(&Sha256::digest(ordering_key.as_bytes())))
+            }
+        })
     }
 
     /// The next message's position in the call.

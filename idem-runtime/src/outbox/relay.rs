@@ -257,6 +257,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             idem.failed = Empty,
             idem.dead = Empty,
         );
+        if let Ok(dialect) = DB::pool_dialect(&self.pool) {
+            span.record("db.system.name", dialect.system_name());
+        }
         let relayed = self.relay().instrument(span.clone()).await?;
         if relayed.claimed > 0 {
             span.record("messaging.batch.message_count", relayed.claimed);
@@ -269,7 +272,6 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     async fn relay(&self) -> Result<Relayed, Error<Infallible>> {
         let dialect = DB::pool_dialect(&self.pool)?;
-        tracing::Span::current().record("db.system.name", dialect.system_name());
         let batch = i64::from(self.batch);
         if dialect.outbox().claim_kind == Claim::Leased {
             let lease = millis(self.claim_for.max(self.publish_timeout));
