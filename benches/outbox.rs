@@ -1,7 +1,8 @@
 //! The outbox's costs, each against a baseline measured in the same run:
 //!
 //! 1. **Staging.** A transition whose body inserts its effect and stages one message, against
-//!    the same transition without the message; 1 and 8 tasks, on SQLite (a file, WAL,
+//!    the same transition without the message, and with the message inserted by hand into a
+//!    minimal outbox table (a sequence, a unique id, the payload); 1 and 8 tasks, on SQLite (a file, WAL,
 //!    `synchronous = FULL`), PostgreSQL (with its NOTIFY, and without: `set_notify(false)`)
 //!    and MariaDB.
 //! 2. **Relaying.** Draining 5,000 staged messages (1,000 ordering keys, five each) to NATS
@@ -80,9 +81,17 @@ const TABLES: &str =
                                            version BIGINT NOT NULL DEFAULT 0);
                       CREATE TABLE payments (order_id BIGINT NOT NULL)";
 
+/// The outbox a user would write by hand: a sequence, an id that dedups, the payload.
+const HAND_OUTBOX_POSTGRES: &str = "CREATE TABLE hand_outbox (seq BIGSERIAL PRIMARY KEY, \
+    id TEXT NOT NULL UNIQUE, payload BYTEA NOT NULL)";
+const HAND_OUTBOX_SQLITE: &str = "CREATE TABLE hand_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
+    id TEXT NOT NULL UNIQUE, payload BLOB NOT NULL)";
+const HAND_OUTBOX_MYSQL: &str = "CREATE TABLE hand_outbox (seq BIGINT AUTO_INCREMENT PRIMARY KEY, \
+    id VARCHAR(64) NOT NULL UNIQUE, payload LONGBLOB NOT NULL)";
+
 /// The two handlers of part 1, on one backend.
 macro_rules! handlers {
-    ($module:ident, $db:ty, $insert:literal) => {
+    ($module:ident, $db:ty, $insert:literal, $message:literal) => {
         mod $module {
             use super::*;
             use sqlx::Transaction;
@@ -113,17 +122,38 @@ macro_rules! handlers {
             }
 
             /// Pays orders `1..=keys` with `tasks` tasks, staging or not: transitions per second.
-            pub async fn run(pool: &sqlx::Pool<$db>, keys: i64, tasks: i64, staging: bool) -> f64 {
+            /// The same message inserted by hand into a minimal outbox table (an id, a
+            /// payload): the floor any outbox pays.
+            #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+            pub async fn by_hand(
+                tx: &mut Transaction<'_, $db>,
+                order_id: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query($insert)
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                sqlx::query($message)
+                    .bind(format!("paid-{order_id}"))
+                    .bind(serde_json::to_vec(&order_id).unwrap())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            /// Pays orders `1..=keys` with `tasks` tasks, with no message (`variant` 0),
+            /// idem's (1) or one by hand (2): transitions per second.
+            pub async fn run(pool: &sqlx::Pool<$db>, keys: i64, tasks: i64, variant: usize) -> f64 {
                 let started = Instant::now();
                 let workers: Vec<_> = (0..tasks)
                     .map(|t| {
                         let pool = pool.clone();
                         tokio::spawn(async move {
                             for order_id in (1..=keys).filter(|k| k % tasks == t) {
-                                let outcome = if staging {
-                                    staged(&pool, order_id).await
-                                } else {
-                                    plain(&pool, order_id).await
+                                let outcome = match variant {
+                                    0 => plain(&pool, order_id).await,
+                                    1 => staged(&pool, order_id).await,
+                                    _ => by_hand(&pool, order_id).await,
                                 };
                                 assert!(outcome.unwrap().is_applied());
                             }
@@ -142,24 +172,33 @@ macro_rules! handlers {
 handlers!(
     on_sqlite,
     sqlx::Sqlite,
-    "INSERT INTO payments (order_id) VALUES ($1)"
+    "INSERT INTO payments (order_id) VALUES ($1)",
+    "INSERT INTO hand_outbox (id, payload) VALUES ($1, $2)"
 );
 handlers!(
     on_postgres,
     sqlx::Postgres,
-    "INSERT INTO payments (order_id) VALUES ($1)"
+    "INSERT INTO payments (order_id) VALUES ($1)",
+    "INSERT INTO hand_outbox (id, payload) VALUES ($1, $2)"
 );
 handlers!(
     on_mysql,
     sqlx::MySql,
-    "INSERT INTO payments (order_id) VALUES (?)"
+    "INSERT INTO payments (order_id) VALUES (?)",
+    "INSERT INTO hand_outbox (id, payload) VALUES (?, ?)"
 );
 
 /// Empty tables and `keys` orders CREATED, through `$pool`.
 macro_rules! reset {
     ($pool:expr, $keys:expr) => {{
         let pool = $pool;
-        for table in ["orders", "payments", "idem_outbox", "idem_results"] {
+        for table in [
+            "orders",
+            "payments",
+            "idem_outbox",
+            "idem_results",
+            "hand_outbox",
+        ] {
             sqlx::query(&format!("DELETE FROM {table}"))
                 .execute(pool)
                 .await
@@ -182,28 +221,38 @@ macro_rules! staging_cost {
         let pool = $pool;
         let mut rows = Vec::new();
         for tasks in [1i64, 8] {
-            let (mut plain, mut staged, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut rates: [Vec<f64>; 3] = Default::default();
+            let (mut to_none, mut to_hand) = (Vec::new(), Vec::new());
             let mut rng = rand::rngs::StdRng::seed_from_u64(tasks as u64);
             for _ in 0..$rounds {
-                let mut order = [false, true];
+                let mut order = [0, 1, 2];
                 order.shuffle(&mut rng);
-                let mut round = [0.0; 2];
-                for staging in order {
+                let mut round = [0.0; 3];
+                for variant in order {
                     reset!(&pool, $keys);
-                    round[usize::from(staging)] = $module::run(&pool, $keys, tasks, staging).await;
+                    round[variant] = $module::run(&pool, $keys, tasks, variant).await;
                 }
-                plain.push(round[0]);
-                staged.push(round[1]);
-                ratios.push(round[1] / round[0]);
+                for (all, rate) in rates.iter_mut().zip(round) {
+                    all.push(rate);
+                }
+                to_none.push(round[1] / round[0]);
+                to_hand.push(round[1] / round[2]);
             }
+            let range = |ratios: &[f64]| {
+                let (low, high) = ratios
+                    .iter()
+                    .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+                format!("{:.2} ({low:.2}–{high:.2})", median(ratios.to_vec()))
+            };
+            let [none, idem, hand] = rates;
             rows.push(format!(
-                "| {} | {tasks} | {:.0} | {:.0} | {:.2} ({:.2}–{:.2}) |",
+                "| {} | {tasks} | {:.0} | {:.0} | {:.0} | {} | {} |",
                 $name,
-                median(plain),
-                median(staged),
-                median(ratios.clone()),
-                ratios.iter().cloned().fold(f64::MAX, f64::min),
-                ratios.iter().cloned().fold(f64::MIN, f64::max),
+                median(none),
+                median(idem),
+                median(hand),
+                range(&to_none),
+                range(&to_hand),
             ));
         }
         rows
@@ -576,6 +625,10 @@ async fn main() {
                 .await
                 .unwrap();
             sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+            sqlx::raw_sql(HAND_OUTBOX_POSTGRES)
+                .execute(&pool)
+                .await
+                .unwrap();
             idem::migrate(&pool).await.unwrap();
             Some(pool)
         }
@@ -597,6 +650,10 @@ async fn main() {
                 .await
                 .unwrap();
             sqlx::raw_sql(TABLES).execute(&pool).await.unwrap();
+            sqlx::raw_sql(HAND_OUTBOX_MYSQL)
+                .execute(&pool)
+                .await
+                .unwrap();
             idem::migrate(&pool).await.unwrap();
             Some(pool)
         }
@@ -609,6 +666,10 @@ async fn main() {
         .await
         .unwrap();
     sqlx::raw_sql(TABLES).execute(&sqlite).await.unwrap();
+    sqlx::raw_sql(HAND_OUTBOX_SQLITE)
+        .execute(&sqlite)
+        .await
+        .unwrap();
     idem::migrate(&sqlite).await.unwrap();
 
     let parts =
@@ -616,8 +677,10 @@ async fn main() {
     let part = |name: &str| parts.split(',').any(|p| p == name);
     if part("staging") {
         println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
-        println!("| backend | tasks | without, transitions/s | with one message | ratio (range) |");
-        println!("|---|---|---|---|---|");
+        println!(
+            "| backend | tasks | no message, transitions/s | idem's message | a message by hand | idem to none (range) | idem to by hand (range) |"
+        );
+        println!("|---|---|---|---|---|---|---|");
         for row in staging_cost!("SQLite (file)", sqlite.clone(), on_sqlite, keys, rounds) {
             println!("{row}");
         }
