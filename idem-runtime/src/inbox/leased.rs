@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
 use crate::work::stored::Codec;
-use crate::work::unit::{Entered, Entry, GaveUp, Plan};
+use crate::work::unit::{Entered, Entry, GaveUp, Plan, no_body};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -103,13 +103,7 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Claim<T> {
-        match value {}
-    }
+    no_body!(Claim<T>);
 
     fn labels(&self) -> Labels<'_> {
         Labels {
@@ -297,13 +291,7 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Recorded {
-        match value {}
-    }
+    no_body!(Recorded);
 
     fn labels(&self) -> Labels<'_> {
         self.lease.labels()
@@ -374,13 +362,7 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Extended {
-        match value {}
-    }
+    no_body!(Extended);
 
     fn labels(&self) -> Labels<'_> {
         self.lease.labels()

@@ -7,7 +7,7 @@ use super::counters::Counter;
 use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::work::observe::Labels;
-use crate::work::unit::{Entered, Entry, GaveUp, Plan};
+use crate::work::unit::{Entered, Entry, GaveUp, Plan, no_body};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -57,13 +57,7 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Purged {
-        match value {}
-    }
+    no_body!(Purged);
 
     fn labels(&self) -> Labels<'_> {
         Labels {

@@ -41,7 +41,7 @@ pub use stage::{set_notify, stage};
 use crate::backend::{Backend, Param};
 use crate::error::Error;
 use crate::work::observe::Labels;
-use crate::work::unit::{Entered, Entry, Plan, stages_only};
+use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only};
 use sqlx::Pool;
 use std::convert::Infallible;
 use std::fmt;
@@ -287,13 +287,7 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> (u64, &'static str) {
-        match value {}
-    }
+    no_body!((u64, &'static str));
 
     fn labels(&self) -> Labels<'_> {
         Labels::default()

@@ -6,7 +6,7 @@ use crate::backend::{Backend, Dialect, Param, Record};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
-use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin, stages_only};
+use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin, no_body, stages_only};
 use idem_sql::outbox::Claim;
 use sqlx::Pool;
 use std::convert::Infallible;
@@ -582,13 +582,7 @@ impl<DB: Backend> Plan<DB> for LeasedClaim {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Vec<Claimed> {
-        match value {}
-    }
+    no_body!(Vec<Claimed>);
 
     fn labels(&self) -> Labels<'_> {
         Labels::default()
@@ -702,13 +696,7 @@ impl<DB: Backend, P: Publisher> Plan<DB> for Marks<'_, DB, P> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Relayed {
-        match value {}
-    }
+    no_body!(Relayed);
 
     fn labels(&self) -> Labels<'_> {
         Labels::default()

@@ -14,7 +14,7 @@ use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
 use crate::work::source::Origin;
 use crate::work::stored::bounded;
-use crate::work::unit::{Entered, Entry, Plan, stages_only_at};
+use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
 
@@ -110,13 +110,7 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
         })
     }
 
-    fn encode(&self, value: &Infallible) -> Result<String, Error<Infallible>> {
-        match *value {}
-    }
-
-    fn applied(&self, value: Infallible) -> Option<P::Reply> {
-        match value {}
-    }
+    no_body!(Option<P::Reply>);
 
     fn labels(&self) -> Labels<'_> {
         self.plan.labels()

@@ -125,6 +125,24 @@ impl<A: Kept, B: Kept> Kept for (A, B) {
     }
 }
 
+/// The `encode` and `applied` of a plan whose stages always end the call (`Value =
+/// Infallible`: there is no body, so neither is ever called), replying with `$reply`.
+macro_rules! no_body {
+    ($reply:ty) => {
+        fn encode(
+            &self,
+            value: &::std::convert::Infallible,
+        ) -> Result<String, $crate::error::Error<::std::convert::Infallible>> {
+            match *value {}
+        }
+
+        fn applied(&self, value: ::std::convert::Infallible) -> $reply {
+            match value {}
+        }
+    };
+}
+pub(crate) use no_body;
+
 /// Makes the reply of a call that gave up waiting for the writer's turn (or its error).
 pub type GaveUp<P, R> = fn(&P) -> Result<R, Error<Infallible>>;
 
