@@ -93,7 +93,8 @@ impl fmt::Display for OutboxError {
             }
             OutboxError::NoEffect => f.write_str(
                 "idem: the message has no id and is staged outside a handler's body, which \
-                 would derive one: give it a stable id with Message::id (the same on every retry)",
+                 would derive one: give it a stable id with Message::id (the same on every \
+                 retry), or, in the inbox's receipt form, stage it with Receipt::stage",
             ),
         }
     }
