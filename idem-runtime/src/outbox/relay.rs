@@ -1,6 +1,7 @@
 //! The relay: claims staged messages, publishes them, and marks each one published once the
 //! broker acknowledged it.
 
+#[cfg(feature = "metrics")]
 use super::Backlog;
 use crate::backend::{Backend, Dialect, Param, Record};
 use crate::error::Error;
@@ -10,7 +11,6 @@ use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin, no_body, stage
 use idem_sql::outbox::Claim;
 use sqlx::Pool;
 use std::convert::Infallible;
-use std::fmt;
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
@@ -813,12 +813,6 @@ async fn listening(pool: &Pool<sqlx::Postgres>) -> Option<sqlx::postgres::PgList
     }
 }
 
-impl<DB: Backend, P> fmt::Display for Relay<DB, P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "idem outbox relay (batches of {})", self.batch)
-    }
-}
-
 fn observe_published(latency_ms: i64) {
     #[cfg(feature = "metrics")]
     {
@@ -846,7 +840,3 @@ fn observe_backlog(backlog: &Backlog) {
     metrics::gauge!("idem_outbox_oldest_pending_seconds")
         .set(backlog.oldest.map_or(0.0, |d| d.as_secs_f64()));
 }
-
-#[cfg(not(feature = "metrics"))]
-#[allow(dead_code)]
-fn observe_backlog(_: &Backlog) {}
