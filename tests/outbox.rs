@@ -684,6 +684,22 @@ async fn mysql_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
     let Some(pool) = common::mysql(&format!("outbox_nowait_{}", common::next_id()), 4).await else {
         return;
     };
+    staging_does_not_wait(pool).await;
+}
+
+/// The same under SERIALIZABLE, where InnoDB turns every plain read of a transaction into a
+/// locking one.
+#[tokio::test]
+async fn mysql_serializable_staging_does_not_wait_for_a_relay_that_holds_its_batch() {
+    let name = format!("outbox_nowait_ser_{}", common::next_id());
+    let serializable = "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE";
+    let Some(pool) = common::mysql_with(&name, 4, serializable).await else {
+        return;
+    };
+    staging_does_not_wait(pool).await;
+}
+
+async fn staging_does_not_wait(pool: sqlx::MySqlPool) {
     idem::migrate(&pool).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     for key in ["a", "b"] {

@@ -54,8 +54,9 @@ const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
     AND NOT EXISTS (SELECT 1 FROM idem_outbox p \
         WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL)";
 
-/// The `seq`s of at most `$1` due heads, oldest first, read without locking (MySQL, whose
-/// claim then locks each one by its primary key: [`LOCK_ONE_MYSQL`]).
+/// The `seq`s of at most `$1` due heads, oldest first, read without locking, in autocommit
+/// before the claiming transaction (MySQL, whose claim then locks each one by its primary
+/// key: [`LOCK_ONE_MYSQL`]).
 pub const CANDIDATES: &str = "SELECT o.seq FROM idem_outbox o WHERE {due} ORDER BY o.seq LIMIT $1";
 
 /// Locks one candidate (`$n` its seq) if it is still pending, passing over it if another
@@ -142,8 +143,8 @@ pub const PURGE_SQLITE: &str = "DELETE FROM idem_outbox WHERE seq IN (\
 pub enum Claim {
     /// `SELECT … FOR UPDATE SKIP LOCKED`, in the transaction that marks them (PostgreSQL).
     Locked,
-    /// The candidates read, then each locked by its key ([`LOCK_ONE_MYSQL`]), in the
-    /// transaction that marks them (MySQL).
+    /// The candidates read in autocommit, then each locked by its key ([`LOCK_ONE_MYSQL`])
+    /// in the transaction that marks them (MySQL).
     Candidates,
     /// `UPDATE … SET claimed_until`, committed; marked in a second transaction.
     Leased,

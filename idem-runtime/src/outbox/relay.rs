@@ -290,7 +290,17 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             };
             return stages_only(&self.pool, &marks).await;
         }
-        let plan = LockedClaim { batch };
+        let candidates = match dialect.outbox().claim_kind {
+            Claim::Candidates => {
+                let seqs = self.candidates(batch).await?;
+                if seqs.is_empty() {
+                    return Ok(Relayed::default());
+                }
+                seqs
+            }
+            Claim::Locked | Claim::Leased => Vec::new(),
+        };
+        let plan = LockedClaim { batch, candidates };
         match begin(&self.pool, &plan).await {
             Begun::Done(done) => done,
             Begun::Run(mut work) => {
@@ -316,6 +326,18 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 })
             }
         }
+    }
+
+    /// MySQL's candidates: the due heads, read on a connection in autocommit, before the
+    /// claiming transaction begins. Inside a transaction InnoDB makes a plain read locking
+    /// under SERIALIZABLE (and its gap locks would make every staging INSERT wait until
+    /// the batch is published); a read in autocommit never locks. The claim then locks each
+    /// candidate by its primary key, if it is still pending.
+    async fn candidates(&self, batch: i64) -> Result<Vec<i64>, Error<Infallible>> {
+        let mut conn = self.pool.acquire().await?;
+        let sql = DB::dialect(&conn)?.outbox();
+        let rows = DB::fetch_all(&mut conn, &sql.claim, &[Param::Int(batch)]).await?;
+        Ok(rows.iter().filter_map(|row| row.int("seq")).collect())
     }
 
     /// Publishes every claimed message at once (one per ordering key), each within the
@@ -489,6 +511,8 @@ fn decode(rows: Vec<Record>) -> Result<Vec<Claimed>, sqlx::Error> {
 /// locked by its key).
 struct LockedClaim {
     batch: i64,
+    /// MySQL: the candidates, read before the transaction began (see [`candidates`]).
+    candidates: Vec<i64>,
 }
 
 /// The batch a locked claim holds until its transaction ends.
@@ -516,15 +540,12 @@ impl<DB: Backend> Plan<DB> for LockedClaim {
         _: Entry,
     ) -> Result<Entered<Relayed, Batch>, Error<Infallible>> {
         let sql = DB::dialect(tx)?.outbox();
-        let mut rows = DB::fetch_all(tx, &sql.claim, &[Param::Int(self.batch)]).await?;
-        if sql.claim_kind == Claim::Candidates && !rows.is_empty() {
-            let seqs: Vec<Param<'_>> = rows
-                .iter()
-                .filter_map(|row| row.int("seq"))
-                .map(Param::Int)
-                .collect();
-            rows = DB::fetch_all(tx, &sql.lock(seqs.len()), &seqs).await?;
-        }
+        let rows = if sql.claim_kind == Claim::Candidates {
+            let seqs: Vec<Param<'_>> = self.candidates.iter().copied().map(Param::Int).collect();
+            DB::fetch_all(tx, &sql.lock(seqs.len()), &seqs).await?
+        } else {
+            DB::fetch_all(tx, &sql.claim, &[Param::Int(self.batch)]).await?
+        };
         let batch = decode(rows)?;
         if batch.is_empty() {
             return Ok(Entered::Done {
