@@ -169,6 +169,12 @@ pub struct OutboxSql {
     pub claim: String,
     /// [`LOCK_ONE_MYSQL`], `$n` to be numbered by [`lock`](Self::lock).
     lock_one: String,
+    /// What a locked claim runs first in its transaction (PostgreSQL): `READ COMMITTED`,
+    /// whatever the default. The claim is written for it, and a SERIALIZABLE relay would take
+    /// part in the predicate locking of the handlers that stage (their COMMIT could fail with
+    /// a serialization failure because a relay read the outbox). MySQL's claim reads its
+    /// candidates in autocommit instead, which never locks.
+    pub claim_isolation: Option<&'static str>,
     /// [`PUBLISHED`], `{seqs}` to be spelled by [`published`](Self::published).
     published: String,
     /// [`FAILED`].
@@ -217,6 +223,10 @@ impl OutboxSql {
             }),
             published: spell(PUBLISHED),
             lock_one: spell(LOCK_ONE_MYSQL),
+            claim_isolation: match dialect {
+                Dialect::Postgres => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+                Dialect::Sqlite | Dialect::MySql => None,
+            },
             failed: spell(FAILED),
             requeue: spell(REQUEUE),
             discard: DISCARD.to_owned(),

@@ -540,6 +540,10 @@ impl<DB: Backend> Plan<DB> for LockedClaim {
         _: Entry,
     ) -> Result<Entered<Relayed, Batch>, Error<Infallible>> {
         let sql = DB::dialect(tx)?.outbox();
+        // First in a transaction idem began (`Entry::Fresh`): it may still set its level.
+        if let Some(isolation) = sql.claim_isolation {
+            DB::execute(tx, isolation, &[]).await?;
+        }
         let rows = if sql.claim_kind == Claim::Candidates {
             let seqs: Vec<Param<'_>> = self.candidates.iter().copied().map(Param::Int).collect();
             DB::fetch_all(tx, &sql.lock(seqs.len()), &seqs).await?
