@@ -498,10 +498,6 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
     type Reply = ();
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     async fn enter(
         &self,
         _: &mut DB::Connection,

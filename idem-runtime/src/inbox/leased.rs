@@ -46,10 +46,6 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
     type Reply = Claim<T>;
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Claim<T>>)> {
         let gave_up: GaveUp<Self, Claim<T>> = |plan| {
             Ok(Claim {
@@ -236,10 +232,6 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
     type Reply = Recorded;
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     async fn enter(
         &self,
         tx: &mut DB::Connection,
@@ -332,10 +324,6 @@ impl<DB: Backend> Plan<DB> for ExtendPlan<'_> {
     type Value = Infallible;
     type Reply = Extended;
     type Kept = ();
-
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
 
     // No lock timeout: only the lease's holder writes its record, so the wait is short,
     // and giving up would lose the lease.

@@ -29,10 +29,6 @@ impl<DB: Backend> Plan<DB> for PurgePlan<'_> {
     type Reply = Purged;
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Purged>)> {
         let gave_up: GaveUp<Self, Purged> = |_| Ok(None);
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))

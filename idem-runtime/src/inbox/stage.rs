@@ -261,10 +261,6 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     type Reply = Delivery<T>;
     type Kept = Recorded;
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     fn patience(&self) -> Option<(Duration, GaveUp<Self, Delivery<T>>)> {
         let gave_up: GaveUp<Self, Delivery<T>> = |plan| plan.stage.gave_up();
         self.stage.patience().map(|patience| (patience, gave_up))

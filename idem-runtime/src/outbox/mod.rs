@@ -271,10 +271,6 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
     type Reply = (u64, &'static str);
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     async fn enter(
         &self,
         tx: &mut DB::Connection,

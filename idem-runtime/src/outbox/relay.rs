@@ -530,10 +530,6 @@ impl<DB: Backend> Plan<DB> for LockedClaim {
     type Reply = Relayed;
     type Kept = Batch;
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     async fn enter(
         &self,
         tx: &mut DB::Connection,
@@ -588,10 +584,6 @@ impl<DB: Backend> Plan<DB> for LeasedClaim {
     type Value = Infallible;
     type Reply = Vec<Claimed>;
     type Kept = ();
-
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
 
     async fn enter(
         &self,
@@ -705,10 +697,6 @@ impl<DB: Backend, P: Publisher> Plan<DB> for Marks<'_, DB, P> {
     type Value = Infallible;
     type Reply = Relayed;
     type Kept = ();
-
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
 
     async fn enter(
         &self,

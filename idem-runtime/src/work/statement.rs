@@ -88,10 +88,6 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
     type Reply = Option<P::Reply>;
     type Kept = ();
 
-    fn check(&self) -> Result<(), Error<Infallible>> {
-        Ok(())
-    }
-
     fn autocommit(&self, dialect: Dialect) -> bool {
         // PostgreSQL stores the result in the statement that moves the row; SQLite needs a
         // second statement for it, so a transaction, unless there is nothing to store.

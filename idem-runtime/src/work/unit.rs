@@ -168,8 +168,11 @@ pub trait Plan<DB: Backend>: Sync {
     /// What its stages keep until the commit (`()` for none).
     type Kept: Kept;
 
-    /// Checks the call's input (its keys) before any statement runs.
-    fn check(&self) -> Result<(), Error<Infallible>>;
+    /// Checks the call's input (its keys) before any statement runs. The default: nothing
+    /// to check (a plan built from input checked already, or with none).
+    fn check(&self) -> Result<(), Error<Infallible>> {
+        Ok(())
+    }
 
     /// Whether the stages need no transaction on `dialect`: from a pool, they then run on
     /// a connection in autocommit, each statement its own transaction, and must end the
