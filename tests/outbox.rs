@@ -538,6 +538,25 @@ macro_rules! outbox_tests {
                 assert_ne!(first.effect_key(), EffectKey::of(&["payments", "order:3:refund"]));
             }
 
+            /// A row whose stored headers are not idem's is never published as it stands:
+            /// each attempt fails with what is wrong, and it ends dead, listed, its key held.
+            #[tokio::test]
+            async fn a_message_with_unreadable_headers_fails_loudly_and_is_kept() {
+                let Some(pool) = setup(0).await else { return };
+                let mut tx = $begin(&pool).await;
+                outbox::stage(&mut tx, Message::json("m", &1).id("garbled").ordering_key("g")).await.unwrap();
+                tx.commit().await.unwrap();
+                sqlx::query("UPDATE idem_outbox SET headers = 'not json'").execute(&pool).await.unwrap();
+                let recorder = Recorder::default();
+                let relay = Relay::new(pool.clone(), recorder.clone()).max_attempts(1);
+                let relayed = relay.run_once().await.unwrap();
+                assert_eq!((relayed.claimed, relayed.published, relayed.dead), (1, 0, 1));
+                assert!(recorder.seen().is_empty());
+                let dead = outbox::dead(&pool, 10).await.unwrap();
+                assert!(dead[0].last_error.as_deref().unwrap().contains("stored headers are not idem's"), "{dead:?}");
+                assert_eq!(staged(&pool).await, 1, "the row is kept");
+            }
+
             /// Several relays at once: every message published, per key in order.
             #[tokio::test]
             async fn relays_at_once_publish_every_message_in_order_per_key() {
