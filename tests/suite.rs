@@ -16,7 +16,10 @@ mod harness;
 mod http_client;
 #[path = "common/order.rs"]
 mod order;
+#[path = "common/redis.rs"]
+mod redis_server;
 
+mod cache;
 mod chain;
 mod clocks;
 mod composite_keys;

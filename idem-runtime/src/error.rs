@@ -97,6 +97,16 @@ pub enum Error<E> {
     /// The body's result could not be stored, or a stored result could not be read back
     /// as the handler's result type (the type changed incompatibly since it was stored).
     Result(serde_json::Error),
+    /// A purge was asked to delete records younger than the entries of the cache attached
+    /// to its pool (feature `redis`): the cache would then answer as duplicates keys the
+    /// database no longer knows. Nothing was deleted. Keep records at least as long as the
+    /// cache's TTL.
+    RetentionBelowCache {
+        /// The retention asked for.
+        retention: std::time::Duration,
+        /// The cache's TTL.
+        ttl: std::time::Duration,
+    },
 }
 
 /// What is wrong with a row, see [`Error::CorruptRow`].
@@ -185,6 +195,9 @@ impl<E> Error<E> {
             },
             Error::Result(e) => Error::Result(e),
             Error::ResultTooLarge { len, max } => Error::ResultTooLarge { len, max },
+            Error::RetentionBelowCache { retention, ttl } => {
+                Error::RetentionBelowCache { retention, ttl }
+            }
             Error::LeaseLost { group, key } => Error::LeaseLost { group, key },
             Error::CorruptRecord {
                 group,
@@ -256,6 +269,10 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
                 f,
                 "the result serializes to {len} bytes, over the {max}-byte limit for stored results; nothing was committed (return an id, keep large data in a table)"
             ),
+            Error::RetentionBelowCache { retention, ttl } => write!(
+                f,
+                "a retention of {retention:?} is shorter than the {ttl:?} TTL of the cache attached to this pool: the cache would call keys duplicates that the database forgot; nothing was deleted (keep records longer, or shorten the cache's ttl)"
+            ),
             Error::LeaseLost { group, key } => write!(
                 f,
                 "the lease on message {key:?} of consumer group {group:?} expired and another delivery took it over; this one recorded nothing"
@@ -286,7 +303,8 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             | Error::InvalidWatermark { .. }
             | Error::LeaseLost { .. }
             | Error::CorruptRecord { .. }
-            | Error::ResultTooLarge { .. } => None,
+            | Error::ResultTooLarge { .. }
+            | Error::RetentionBelowCache { .. } => None,
         }
     }
 }

@@ -5,6 +5,8 @@
 #![warn(missing_docs)]
 
 mod backend;
+#[cfg(feature = "redis")]
+pub mod cache;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

@@ -311,12 +311,22 @@ impl Inbox {
     /// Deletes this group's finished records (SUCCESS, FAILED) last touched more than
     /// `retention` ago, in transactions of at most `batch` rows, so live deliveries
     /// interleave. PROCESSING and DEAD records are never purged. Returns how many it deleted.
+    ///
+    /// Refused with [`Error::RetentionBelowCache`], deleting nothing, for a `retention`
+    /// shorter than the TTL of the cache attached to `pool` (feature `redis`,
+    /// [`idem::cache`](crate::cache)).
     pub async fn purge<DB: Backend>(
         &self,
         pool: &Pool<DB>,
         retention: Duration,
         batch: u32,
     ) -> Result<u64, Error<Infallible>> {
+        #[cfg(feature = "redis")]
+        if let Some(ttl) = crate::cache::attached_ttl(pool)
+            && retention < ttl
+        {
+            return Err(Error::RetentionBelowCache { retention, ttl });
+        }
         let retention = millis(retention);
         let batch = i64::from(batch.max(1));
         let mut total = 0;

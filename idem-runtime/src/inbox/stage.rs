@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::transition::outcome::Refusal;
 use crate::transition::stage::{Moved, NotMoved, TransitionStage};
+use crate::work::fast::CacheKey;
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, replay};
 use crate::work::unit::{Entered, Entry, GaveUp, Kept, Plan};
@@ -94,6 +95,47 @@ impl InboxStage {
 
     fn patience(&self) -> Option<Duration> {
         self.patience
+    }
+
+    /// The key of the message's first result in the fast path: the group and the key.
+    fn cache_key(&self) -> Option<CacheKey> {
+        Some(CacheKey::new(
+            "inbox",
+            &[&self.inbox.group, self.key.as_str()],
+        ))
+    }
+
+    /// What the fast path keeps of a message processed with the first result `json`: the
+    /// payload's digest, so that a delivery of another payload under the key is left to
+    /// the database (a conflict), and the result.
+    fn cache_value(&self, json: &str) -> String {
+        format!("{}\n{json}", self.fingerprint)
+    }
+
+    /// The first result in `value` (`Some(None)`: none stored), if it was written for this
+    /// delivery's payload and decodes.
+    fn cached_result<T>(&self, value: &str, codec: Codec<T>) -> Option<Option<T>> {
+        let (fingerprint, json) = value.split_once('\n')?;
+        if fingerprint != self.fingerprint {
+            return None;
+        }
+        match json {
+            "null" => Some(None),
+            json => (codec.decode)(json).ok().map(Some),
+        }
+    }
+
+    /// What the fast path keeps of `delivery`: a first result, or nothing.
+    fn cache_delivery<T, R>(&self, delivery: &Delivery<T, R>, codec: Codec<T>) -> Option<String> {
+        let json = match delivery {
+            Delivery::Processed(result)
+            | Delivery::Duplicate {
+                first_result: Some(result),
+            } => (codec.encode)(result).ok()?,
+            Delivery::Duplicate { first_result: None } => "null".to_owned(),
+            _ => return None,
+        };
+        Some(self.cache_value(&json))
     }
 
     /// The consumer group and the message key, for the call's span and counters.
@@ -305,6 +347,23 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     fn settled(&self, reply: &Delivery<T>) {
         self.stage.inbox.count(reply, false);
     }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        self.stage.cache_key()
+    }
+
+    fn cached_reply(&self, value: &str) -> Option<Delivery<T>> {
+        let first_result = self.stage.cached_result(value, self.codec)?;
+        Some(Delivery::Duplicate { first_result })
+    }
+
+    fn cache_value(&self, reply: &Delivery<T>) -> Option<String> {
+        self.stage.cache_delivery(reply, self.codec)
+    }
+
+    fn cache_applied(&self, json: &str) -> Option<String> {
+        Some(self.stage.cache_value(json))
+    }
 }
 
 /// The plan of a message handler that is also a transition: the inbox stage, then the
@@ -425,6 +484,23 @@ where
     fn settled(&self, reply: &Self::Reply) {
         let illegal = matches!(reply, Delivery::Refused(refusal) if refusal.is_illegal());
         self.inbox.inbox.count(reply, illegal);
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        self.inbox.cache_key()
+    }
+
+    fn cached_reply(&self, value: &str) -> Option<Self::Reply> {
+        let first_result = self.inbox.cached_result(value, self.codec)?;
+        Some(Delivery::Duplicate { first_result })
+    }
+
+    fn cache_value(&self, reply: &Self::Reply) -> Option<String> {
+        self.inbox.cache_delivery(reply, self.codec)
+    }
+
+    fn cache_applied(&self, json: &str) -> Option<String> {
+        Some(self.inbox.cache_value(json))
     }
 }
 

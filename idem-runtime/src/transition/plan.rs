@@ -8,6 +8,7 @@ use crate::machine::reference::machine;
 use crate::transition::declared::Transition;
 use crate::transition::outcome::Outcome;
 use crate::transition::stage::{CallKey, Moved, TransitionStage};
+use crate::work::fast::CacheKey;
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, codec};
 use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin};
@@ -115,6 +116,37 @@ impl<DB: Backend, T, M> Plan<DB> for TransitionPlan<T, M> {
 
     fn outcome_name(reply: &Outcome<T, M>) -> &'static str {
         reply.kind().as_str()
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        self.stage.cache_key()
+    }
+
+    fn cached_reply(&self, value: &str) -> Option<Outcome<T, M>> {
+        // `null` is what the database does not store: it replays as no result.
+        let first_result = match value {
+            "null" => None,
+            json => Some((self.codec.decode)(json).ok()?),
+        };
+        Some(Outcome::AlreadyDone {
+            current: self.stage.target(),
+            first_result,
+        })
+    }
+
+    fn cache_value(&self, reply: &Outcome<T, M>) -> Option<String> {
+        match reply {
+            Outcome::Applied(result) => (self.codec.encode)(result).ok(),
+            Outcome::AlreadyDone { first_result, .. } => match first_result {
+                Some(result) => (self.codec.encode)(result).ok(),
+                None => Some("null".to_owned()),
+            },
+            _ => None,
+        }
+    }
+
+    fn cache_applied(&self, json: &str) -> Option<String> {
+        Some(json.to_owned())
     }
 }
 

@@ -182,6 +182,27 @@ impl<M> TransitionStage<M> {
         Ok(())
     }
 
+    /// The transition's target state: what a duplicate answered from the cache reports as
+    /// its current state.
+    pub(crate) fn target(&self) -> M {
+        (self.machine.from_index)(self.transition.to)
+    }
+
+    /// The key of the first result in the fast path: the machine, the states and the key.
+    /// `None` for an event of a stream (`watermark`): once a later event moved the row,
+    /// the database calls a redelivery of an earlier one `Superseded`, which the cache
+    /// cannot know.
+    pub(crate) fn cache_key(&self) -> Option<crate::work::fast::CacheKey> {
+        if self.watermark.is_some() || self.key.is_err() {
+            return None;
+        }
+        let t = &self.transition;
+        Some(crate::work::fast::CacheKey::new(
+            "transition",
+            &[t.definition.id, t.from_name(), t.to_name(), &self.key_text],
+        ))
+    }
+
     /// The machine, the transition and the key, for the call's span and counters.
     pub(crate) fn labels(&self) -> Labels<'_> {
         let t = &self.transition;

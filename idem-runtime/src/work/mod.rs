@@ -2,6 +2,7 @@
 //! made of: the conflict retry, the span and counters, the stored first results, and the
 //! one-statement form of a handler without a transaction.
 
+pub(crate) mod fast;
 pub(crate) mod observe;
 pub(crate) mod retry;
 pub(crate) mod source;

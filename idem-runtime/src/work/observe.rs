@@ -48,6 +48,7 @@ impl Labels<'_> {
             idem.key = Empty,
             idem.outcome = Empty,
             idem.retries = Empty,
+            idem.cache = Empty,
             error.type = Empty,
         );
         if let Some(key) = self.key
@@ -135,6 +136,7 @@ fn error_type<E>(error: &Error<E>) -> &'static str {
         Error::CorruptRecord { .. } => "corrupt_record",
         Error::LeaseLost { .. } => "lease_lost",
         Error::ResultTooLarge { .. } => "result_too_large",
+        Error::RetentionBelowCache { .. } => "retention_below_cache",
         Error::Result(_) => "result",
     }
 }

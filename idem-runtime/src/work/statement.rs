@@ -11,12 +11,14 @@
 use crate::backend::{Backend, Dialect};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
+use crate::work::fast::{CacheKey, Fast};
 use crate::work::observe::Labels;
 use crate::work::source::Origin;
 use crate::work::stored::bounded;
 use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only_at};
 use core::future::Future;
 use std::convert::Infallible;
+use tracing::Instrument;
 
 /// A plan the one-statement form runs: a transition or a creation whose stage moves (or
 /// creates) the row and stores a result already known with it.
@@ -47,6 +49,13 @@ where
     F: Future<Output = Result<P::Value, E>>,
 {
     plan.check().map_err(Error::widen)?;
+    // A duplicate answered from the cache before the body runs (its body would only
+    // decide a result nobody stores).
+    if let Origin::Pool(pool) = &origin
+        && let Some(reply) = answered_from_cache(pool, &plan).await
+    {
+        return Ok(reply);
+    }
     let value = body.await.map_err(Error::Handler)?;
     let json = plan
         .encode(&value)
@@ -66,6 +75,24 @@ where
         Ok(Some(reply)) => Ok(reply),
         Err(e) => Err(e.widen()),
     }
+}
+
+/// The cache's answer to `plan`'s call from `pool`, if it has one (a span of its own, as
+/// every unit of work has).
+async fn answered_from_cache<DB: Backend, P: Plan<DB>>(
+    pool: &sqlx::Pool<DB>,
+    plan: &P,
+) -> Option<P::Reply> {
+    let fast = Fast::of(pool, plan);
+    if !fast.is_on() {
+        return None;
+    }
+    let labels = plan.labels();
+    let span = labels.span();
+    let reply = fast.answer(plan, &span).instrument(span.clone()).await?;
+    plan.settled(&reply);
+    labels.ended::<Infallible>(&span, Ok(P::outcome_name(&reply)));
+    Some(reply)
 }
 
 /// What the name of a one-statement handler's pool means inside its body: nothing. The
@@ -116,6 +143,22 @@ impl<DB: Backend, P: Storing<DB>> Plan<DB> for StatementPlan<'_, P> {
         match reply {
             None => P::APPLIED,
             Some(reply) => P::outcome_name(reply),
+        }
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        self.plan.cache_key()
+    }
+
+    /// Asked by [`statement`] before the body, not again.
+    fn cache_reads(&self) -> bool {
+        false
+    }
+
+    fn cache_value(&self, reply: &Option<P::Reply>) -> Option<String> {
+        match reply {
+            None => self.plan.cache_applied(self.result.unwrap_or("null")),
+            Some(reply) => self.plan.cache_value(reply),
         }
     }
 }

@@ -2,6 +2,9 @@
 //!
 //! Every call idem makes on a handler's behalf has this shape, whatever it combines:
 //!
+//! 0. **the fast path** (feature `redis`, a cache attached to the pool): a duplicate whose
+//!    first result is in the cache is answered from there, and the call ends before any
+//!    statement;
 //! 1. **begin** — a write transaction from the pool (the SQLite writer's turn first, the
 //!    inbox's lock timeout if it has one), or a savepoint in a transaction the caller owns;
 //!    or, for a plan whose stages need no transaction on this backend (a handler without
@@ -13,7 +16,8 @@
 //!    again, with bounded backoff: the body has not run, so nothing can be duplicated;
 //! 3. **the body**, only if every stage let the call go on, in the same transaction;
 //! 4. **finish** — the body's result encoded once and bounded, stored by each stage that
-//!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters.
+//!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters, then (from
+//!    a pool with a cache) the first result written to the cache.
 //!
 //! What a stage needs between its entry and the commit (where to store the result, what to
 //! count once committed) is its [`Kept`]: the unit of work holds the plan's `Kept` (one
@@ -34,6 +38,7 @@ use crate::backend::{
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::outbox::effect::{CallScope, within};
+use crate::work::fast::{CacheKey, Fast};
 use crate::work::observe::Labels;
 use crate::work::retry::Backoff;
 use crate::work::source::Origin;
@@ -207,9 +212,46 @@ pub trait Plan<DB: Backend>: Sync {
     fn outcome_name(reply: &Self::Reply) -> &'static str;
 
     /// Called once for a call that ended before its body, after its transaction ended
-    /// (however many attempts it took): where a plan counts what happened.
+    /// (however many attempts it took) or from the cache: where a plan counts what
+    /// happened.
     fn settled(&self, reply: &Self::Reply) {
         let _ = reply;
+    }
+
+    /// The key of this call's first result in the fast path (feature `redis`), if the
+    /// cache may answer its duplicates; `None` (the default) for a kind of call it never
+    /// answers.
+    fn cache_key(&self) -> Option<CacheKey> {
+        None
+    }
+
+    /// Whether [`begin`] asks the cache first (`false` for a plan whose caller asked it
+    /// already, before a body that runs first).
+    fn cache_reads(&self) -> bool {
+        true
+    }
+
+    /// The reply to a duplicate, from `value` (what [`cache_value`](Self::cache_value) or
+    /// [`cache_applied`](Self::cache_applied) wrote); `None` if it does not answer this
+    /// call (another payload under the same key, a value that does not decode).
+    fn cached_reply(&self, value: &str) -> Option<Self::Reply> {
+        let _ = value;
+        None
+    }
+
+    /// What to write to the cache for `reply`, which the database gave and which is now
+    /// durable: the first result of a duplicate (or of a call whose stages committed it);
+    /// `None` for anything else.
+    fn cache_value(&self, reply: &Self::Reply) -> Option<String> {
+        let _ = reply;
+        None
+    }
+
+    /// What to write to the cache for the body's result `json` (`null` for nothing stored),
+    /// just committed.
+    fn cache_applied(&self, json: &str) -> Option<String> {
+        let _ = json;
+        None
     }
 }
 
@@ -235,6 +277,8 @@ pub struct Work<'c, DB: Backend, K = ()> {
     span: Span,
     /// What identifies the call's effect, for the ids its body derives (outbox messages).
     call: Option<Arc<CallScope>>,
+    /// Where its first result goes once committed (feature `redis`).
+    fast: Fast,
 }
 
 /// The writer turn a unit of work holds (SQLite), its span and its call scope, for its body.
@@ -271,7 +315,18 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
 ) -> Begun<'c, DB, P::Reply, P::Kept> {
     let labels = plan.labels();
     let span = labels.span();
-    let (begun, retries) = begin_retrying(pool, plan, &span)
+    let fast = match plan.check() {
+        Ok(()) => Fast::of(pool, plan),
+        Err(_) => Fast::default(),
+    };
+    if plan.cache_reads()
+        && let Some(reply) = fast.answer(plan, &span).instrument(span.clone()).await
+    {
+        plan.settled(&reply);
+        labels.ended::<Infallible>(&span, Ok(P::outcome_name(&reply)));
+        return Begun::Done(Ok(reply));
+    }
+    let (begun, retries) = begin_retrying(pool, plan, &span, fast)
         .instrument(span.clone())
         .await;
     labels.retried(&span, retries);
@@ -376,6 +431,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
     pool: &Pool<DB>,
     plan: &P,
     span: &Span,
+    fast: Fast,
 ) -> (Begun<'c, DB, P::Reply, P::Kept>, u32) {
     if let Err(e) = plan.check() {
         return (Begun::Done(Err(e)), 0);
@@ -415,6 +471,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                     kept,
                     span: Span::none(),
                     call: CallScope::of(&plan.labels()),
+                    fast,
                 };
                 return (Begun::Run(work), backoff.attempts());
             }
@@ -434,6 +491,9 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                 let done = ended.map(|()| reply).map_err(Error::from);
                 if let Ok(reply) = &done {
                     plan.settled(reply);
+                    if fast.is_on() {
+                        fast.remember(plan.cache_value(reply));
+                    }
                 }
                 return (Begun::Done(done), backoff.attempts());
             }
@@ -487,6 +547,7 @@ async fn savepoint_in<'c, DB: Backend, P: Plan<DB>>(
             kept,
             span: Span::none(),
             call: CallScope::of(&plan.labels()),
+            fast: Fast::default(),
         }),
         Ok(Entered::Done { reply, commit }) => {
             let ended = if commit {
@@ -524,6 +585,7 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
             kept: f(self.kept),
             span: self.span,
             call: self.call,
+            fast: self.fast,
         }
     }
 
@@ -585,6 +647,9 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         self.tx.commit().await?;
         reached(FaultPoint::Committed);
         self.kept.committed();
+        if self.fast.is_on() {
+            self.fast.remember(plan.cache_applied(&json));
+        }
         Ok(plan.applied(value))
     }
 }
