@@ -6,6 +6,7 @@
 //! effect twice.
 
 use crate::common;
+use crate::http_client;
 use crate::order::Order;
 use crate::redis_server::OwnRedis;
 use idem::cache::{self, Redis};
@@ -305,6 +306,45 @@ macro_rules! cache_tests {
                 assert!(stats.skipped >= 1, "the breaker never opened: {stats:?}");
                 assert_eq!(stats.hits + stats.timeouts + stats.skipped + stats.misses, calls + 1, "the first call missed, every other read is counted once: {stats:?}");
                 sleeping.await.unwrap();
+            }
+
+            /// The HTTP layer: a repeat of a request whose response committed is replayed
+            /// from the cache (with the pool closed); the same key with another body is
+            /// not, it is left to the database.
+            #[tokio::test]
+            async fn a_repeated_request_is_replayed_from_the_cache() {
+                let Some(redis) = OwnRedis::start() else { return };
+                let Some(pool) = setup().await else { return };
+                let cache = fast_path(&redis, "http");
+                cache.attach(&pool).await.unwrap();
+                async fn pay_route(
+                    axum::extract::Path(id): axum::extract::Path<i64>,
+                    mut tx: idem::http::Tx<$db>,
+                ) -> String {
+                    match pay(&mut *tx, id, false).await {
+                        Ok(outcome) => format!("{:?}", outcome.into_result()),
+                        Err(e) => e.to_string(),
+                    }
+                }
+                let layer = idem::http::IdempotencyLayer::new(pool.clone(), Inbox::new("api").unwrap()).unscoped();
+                let app = axum::Router::new().route("/orders/{id}/pay", axum::routing::post(pay_route).layer(layer));
+                let addr = http_client::serve(app).await;
+                let request = |body: &'static str| {
+                    http_client::send(addr, "POST", "/orders/1/pay", &[("idempotency-key", b"k-1")], body)
+                };
+                let first = request("card 4242").await;
+                assert_eq!((first.status, first.body.as_str(), first.replayed()), (200, "Some(\"receipt 1\")", false));
+                written(&cache, 1).await;
+
+                pool.close().await;
+                let repeat = request("card 4242").await;
+                assert_eq!((repeat.status, repeat.body.as_str(), repeat.replayed()), (200, "Some(\"receipt 1\")", true));
+                assert_eq!(cache.stats().hits, 1);
+                // Another body under the key: the cache does not answer it; the database
+                // would (a 422), but it is closed.
+                let other = request("card 0000").await;
+                assert!(other.status >= 500 && !other.replayed(), "{other:?}");
+                assert_eq!(cache.stats().foreign, 1);
             }
 
             /// `Inbox::purge` refuses a retention shorter than the cache's entries live.

@@ -415,3 +415,50 @@ fn a_relay_batch_has_its_span_and_its_counters() {
     assert_eq!(counters.get("idem_outbox_failed_total{}"), 1);
     assert_eq!(counters.get("idem_outbox_dead_total{}"), 1);
 }
+
+/// A call answered from the cache says so in its span (`idem.cache`), and the cache's
+/// reads and writes are counted.
+#[test]
+fn the_cache_answers_in_the_span_and_the_counters() {
+    let Some(redis) = crate::redis_server::OwnRedis::start() else {
+        return;
+    };
+    let (capture, counters) = (Capture::default(), Counters::default());
+    observed(&capture, &counters, async || {
+        let pool = setup("observability-cache").await;
+        let cache = idem::cache::Redis::open(&redis.url(), "observed")
+            .unwrap()
+            .read_timeout(Duration::from_millis(250));
+        cache.attach(&pool).await.unwrap();
+        assert_eq!(pay(&pool, 1).await.unwrap(), Outcome::Applied(1));
+        while cache.stats().writes == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            pay(&pool, 1).await.unwrap(),
+            Outcome::AlreadyDone {
+                current: Order::Paid,
+                first_result: Some(1)
+            }
+        );
+    });
+    let spans = capture.idem_spans();
+    let fields: Vec<(&str, &str)> = spans
+        .iter()
+        .map(|s| (s["idem.outcome"].as_str(), s["idem.cache"].as_str()))
+        .collect();
+    assert_eq!(fields, [("applied", "miss"), ("already_done", "hit")]);
+    assert!(
+        !spans[1].contains_key("db.system.name"),
+        "a hit opens no connection: {spans:#?}"
+    );
+    assert_eq!(counters.get("idem_cache_reads_total{result=miss}"), 1);
+    assert_eq!(counters.get("idem_cache_reads_total{result=hit}"), 1);
+    assert_eq!(counters.get("idem_cache_writes_total{result=ok}"), 1);
+    assert_eq!(
+        counters.get(
+            "idem_outcomes_total{machine=orders,outcome=already_done,transition=CREATED->PAID}"
+        ),
+        1
+    );
+}
