@@ -8,6 +8,8 @@
 //! - [`inbox`]: message consumers, exactly-once effects from at-least-once brokers.
 //! - [`http`]: idempotent HTTP requests, the `Idempotency-Key` layer (feature `http`).
 //! - [`outbox`]: messages that commit with their effect, and the relay that publishes them.
+//! - [`cache`]: the Redis fast path: duplicates answered without a transaction (feature
+//!   `redis`).
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.
@@ -30,6 +32,9 @@ pub mod http {}
 
 #[doc = include_str!("../docs/guide/outbox.md")]
 pub mod outbox {}
+
+#[doc = include_str!("../docs/guide/cache.md")]
+pub mod cache {}
 
 #[doc = include_str!("../docs/guide/observability.md")]
 pub mod observability {}

@@ -10,13 +10,14 @@ macro_rules! page {
 }
 
 /// The README and the guide's pages.
-const PAGES: [(&str, &str); 10] = [
+const PAGES: [(&str, &str); 11] = [
     page!("README.md"),
     page!("docs/guide/transitions.md"),
     page!("docs/guide/sql.md"),
     page!("docs/guide/inbox.md"),
     page!("docs/guide/http.md"),
     page!("docs/guide/outbox.md"),
+    page!("docs/guide/cache.md"),
     page!("docs/guide/observability.md"),
     page!("docs/guide/schema.md"),
     page!("docs/guide/testing.md"),

@@ -15,8 +15,8 @@
 //! # What it does
 //!
 //! - **Written only after the commit.** When a call from an attached pool commits a first
-//!   result (a transition's `Applied`, an inbox's `Processed`),
-//!   idem writes it to Redis (`SET key value PX ttl`) after the COMMIT returned, on a task
+//!   result (a transition's `Applied`, an inbox's `Processed`, the HTTP layer's stored
+//!   response), idem writes it to Redis (`SET key value PX ttl`) after the COMMIT returned, on a task
 //!   of its own, best effort. A body that fails, a refusal or a transaction that rolls
 //!   back writes nothing, so Redis never holds a result the database does not. A duplicate
 //!   the database answered is written too, so hits resume after Redis lost its data.
@@ -29,52 +29,34 @@
 //!   [`Redis::breaker`]'s failures in a row (5) the cache is skipped for its cool-down
 //!   (5 s), then tried again.
 //!
-//! # What a cached answer carries
+//! # What a cached answer carries, and where it applies
 //!
-//! | call | the database answers | the cache answers |
-//! |---|---|---|
-//! | transition | `AlreadyDone { current, first_result }`, `current` read now | `AlreadyDone { current: to, first_result }`: `current` is the transition's target, the state the first call reached, not a fresh read |
-//! | inbox | `Duplicate { first_result }` | the same, when the payload's digest matches the first delivery's; otherwise the database decides (a `Conflict`) |
-//!
-//! The first result is the same either way. Only `current` differs: a row that moved on
-//! since (`PAID` → `SHIPPED`) is reported by the cache in the state its first call left
-//! it. Code that acts on `current` of a duplicate should read the row itself, or not
-//! attach the cache. A span answered from the cache has `idem.cache = "hit"`.
-//!
-//! The cache also answers a duplicate after the row changed outside idem (a row reset by
-//! hand or deleted answers `AlreadyDone` until its entry expires): keep the TTL short, a
-//! few minutes cover a storm of redeliveries, and delete the keys (or detach) when you
-//! rewrite rows by hand.
+//! The first result is the one the database would replay. A transition's `current` is
+//! the transition's target (the state its first call left the row in), not a fresh read;
+//! an inbox or HTTP entry answers only a delivery of the same payload (a request with the
+//! same fingerprint), anything else goes to the database. It applies to calls that begin a
+//! transaction of their own from an attached pool: transition handlers (not event streams
+//! nor creations), `idem::run`, the inbox's transactional mode and the message handlers,
+//! the HTTP layer's transactional mode. The guide's page has the details:
+//! [`idem::guide::cache`](https://docs.rs/idem/latest/idem/guide/cache/index.html).
 //!
 //! # Keys and expiry
 //!
 //! A key is `namespace:` and the hex SHA-256 of the database's name (read once, at
-//! [`attach`](Redis::attach)), the kind of record, the machine, the transition's states,
-//! the consumer group and the call's key: no business key or message key reaches Redis.
-//! Two databases holding the same machines under the same name (shards, one per region)
-//! need a namespace each.
-//!
-//! An entry lives [`Redis::ttl`] (10 minutes by default). It may not outlive the records
-//! the database keeps: [`Inbox::purge`](crate::inbox::Inbox::purge) and its sweepers
-//! (the HTTP layer's too) refuse a retention shorter than the TTL of the cache attached to
-//! their pool, since the cache would then call a key a duplicate that the database would
-//! run again.
-//!
-//! # Where it applies
-//!
-//! Calls that begin a transaction of their own from an attached pool: every handler form
-//! called with the pool (`pay(&pool, …)`), [`idem::run`](crate::run),
-//! [`Inbox::receive`](crate::inbox::Inbox::receive) and the message handlers. A handler
-//! called inside your transaction (`pay(&mut tx, …)`) does not use it: its commit is yours,
-//! so idem cannot know when to write. Creations (whose duplicate depends on the values
-//! written), the leased inbox and the HTTP layer run without it for now.
+//! [`attach`](Redis::attach)), the kind of record and what identifies the call: no
+//! business key or message key reaches Redis. Two databases holding the same machines
+//! under the same name (shards) need a namespace each. An entry lives [`Redis::ttl`]
+//! (10 minutes by default), and may not outlive the records the database keeps:
+//! [`Inbox::purge`](crate::inbox::Inbox::purge) and the sweepers refuse a retention
+//! shorter than the TTL of the cache attached to their pool
+//! ([`Error::RetentionBelowCache`](crate::Error::RetentionBelowCache)).
 //!
 //! # Observability
 //!
 //! The span's `idem.cache` is `hit`, `miss`, `foreign` (a value idem cannot read),
 //! `error`, `timeout` or `skipped` (the breaker is open). With the feature `metrics`,
 //! `idem_cache_reads_total{result}` counts the same, and
-//! `idem_cache_writes_total{result}` the writes (`ok`, `error`, `timeout`, `skipped`).
+//! `idem_cache_writes_total{result}` the writes (`ok`, `error`, `skipped`).
 //! [`Redis::stats`] has the same counts in the process.
 
 mod breaker;
@@ -290,8 +272,8 @@ impl Redis {
         Ok(())
     }
 
-    fn count(&self, stat: Stat) {
-        self.shared.stats[stat as usize].fetch_add(1, Ordering::Relaxed);
+    fn count(&self, stat: Stat, n: u64) {
+        self.shared.stats[stat as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     fn circuit(&self) -> &Breaker {

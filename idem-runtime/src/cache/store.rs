@@ -5,7 +5,9 @@ use super::{Redis, Stat};
 use crate::value::hex::hex;
 use crate::work::fast::{CacheKey, part};
 use sha2::{Digest, Sha256};
+use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tracing::Span;
 
 /// What idem writes before a plan's value: its format, so that a value of another program
@@ -18,6 +20,8 @@ const ENVELOPE: &str = "idem/1\n";
 pub(crate) struct Attached {
     redis: Redis,
     database: [u8; 32],
+    /// The writer task's queue (started on the first write, again if its runtime ended).
+    writer: Mutex<Option<mpsc::Sender<(String, String)>>>,
 }
 
 impl Attached {
@@ -28,6 +32,7 @@ impl Attached {
         Attached {
             redis,
             database: digest.finalize().into(),
+            writer: Mutex::new(None),
         }
     }
 
@@ -92,33 +97,75 @@ impl Attached {
     }
 
     fn read<T>(&self, stat: Stat, span: &Span) -> Option<T> {
-        self.redis.count(stat);
+        self.redis.count(stat, 1);
         span.record("idem.cache", stat.name());
         #[cfg(feature = "metrics")]
         metrics::counter!("idem_cache_reads_total", "result" => stat.name()).increment(1);
         None
     }
 
-    /// Writes `value` under `key` on a task of its own (none outside a Tokio runtime), for
-    /// the TTL, within the write timeout; counted.
+    /// Queues `value` under `key` for the writer task, which writes what is queued in one
+    /// pipeline (`SET … PX ttl` each), within the write timeout; counted. Skipped (and
+    /// counted) while the breaker is open, outside a Tokio runtime, or when the queue is
+    /// full: the call never waits for a write.
     pub(crate) fn put(&self, key: String, value: String) {
-        let redis = self.redis.clone();
-        if !redis.circuit().allows() {
-            return write_counted(&redis, Stat::WriteSkipped);
+        if !self.redis.circuit().allows() {
+            return write_counted(&self.redis, Stat::WriteSkipped, 1);
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return write_counted(&redis, Stat::WriteSkipped);
-        };
+        let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut item = (key, value);
+        for _ in 0..2 {
+            let sender = match &*writer {
+                Some(sender) => sender.clone(),
+                None => match spawn_writer(self.redis.clone()) {
+                    Some(sender) => writer.insert(sender).clone(),
+                    None => return write_counted(&self.redis, Stat::WriteSkipped, 1),
+                },
+            };
+            match sender.try_send(item) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return write_counted(&self.redis, Stat::WriteSkipped, 1);
+                }
+                // Its runtime ended (a test's, a runtime the pool outlived): start another.
+                Err(mpsc::error::TrySendError::Closed(back)) => {
+                    item = back;
+                    *writer = None;
+                }
+            }
+        }
+        write_counted(&self.redis, Stat::WriteSkipped, 1);
+    }
+}
+
+/// The most writes waiting for the writer; more are skipped.
+const QUEUED_WRITES: usize = 4096;
+/// The most writes in one pipeline.
+const WRITES_PER_PIPELINE: usize = 256;
+
+/// Starts the writer task of `redis` on the current runtime; its queue, or `None` outside
+/// a runtime. The task ends when its queue's senders are gone.
+fn spawn_writer(redis: Redis) -> Option<mpsc::Sender<(String, String)>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let (sender, mut queue) = mpsc::channel::<(String, String)>(QUEUED_WRITES);
+    runtime.spawn(async move {
         let ttl = u64::try_from(redis.ttl.as_millis()).unwrap_or(u64::MAX);
-        runtime.spawn(async move {
+        let mut batch = Vec::with_capacity(WRITES_PER_PIPELINE);
+        while queue.recv_many(&mut batch, WRITES_PER_PIPELINE).await > 0 {
+            let n = batch.len() as u64;
+            let mut pipe = redis::pipe();
+            for (key, value) in batch.drain(..) {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(format!("{ENVELOPE}{value}"))
+                    .arg("PX")
+                    .arg(ttl)
+                    .ignore();
+            }
             let mut conn = redis.conn.clone();
-            let mut set = redis::cmd("SET");
-            set.arg(&key)
-                .arg(format!("{ENVELOPE}{value}"))
-                .arg("PX")
-                .arg(ttl);
-            let set = set.query_async::<()>(&mut conn);
-            let stat = match tokio::time::timeout(redis.write_timeout, set).await {
+            let written =
+                tokio::time::timeout(redis.write_timeout, pipe.query_async::<()>(&mut conn));
+            let stat = match written.await {
                 Ok(Ok(())) => {
                     redis.circuit().succeeded();
                     Stat::Written
@@ -133,13 +180,14 @@ impl Attached {
                     Stat::WriteFailed
                 }
             };
-            write_counted(&redis, stat);
-        });
-    }
+            write_counted(&redis, stat, n);
+        }
+    });
+    Some(sender)
 }
 
-fn write_counted(redis: &Redis, stat: Stat) {
-    redis.count(stat);
+fn write_counted(redis: &Redis, stat: Stat, n: u64) {
+    redis.count(stat, n);
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_cache_writes_total", "result" => stat.name()).increment(1);
+    metrics::counter!("idem_cache_writes_total", "result" => stat.name()).increment(n);
 }
