@@ -28,7 +28,6 @@
 //! results are in BENCHMARKS.md.
 
 #[path = "support/chart.rs"]
-#[allow(dead_code)]
 mod chart;
 #[path = "../tests/common/statement_log.rs"]
 mod statement_log;
