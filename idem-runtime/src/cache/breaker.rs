@@ -1,18 +1,43 @@
-//! The circuit breaker in front of the cache: after `threshold` failures in a row, the
-//! cache is skipped for `cool_down`, then tried again; the next failure opens it again, a
-//! success closes it.
+//! The circuit breaker in front of the cache: when, within a second, at least `threshold`
+//! requests failed and they are at least half of the requests, the cache is skipped for
+//! `cool_down`, then tried again.
+//!
+//! A ratio, not a run of failures: under a saturated CPU a few reads of many concurrent ones
+//! exceed a tight timeout together, and a breaker counting failures in a row would turn the
+//! cache off for its whole cool-down while nearly every read succeeds. A Redis that is down
+//! or asleep fails every request, and opens it after `threshold` of them.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// The window requests are counted in.
+const WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
     threshold: u32,
     cool_down: Duration,
-    failures: AtomicU32,
+    window: Mutex<Window>,
     /// Until when it is open, in nanoseconds since [`epoch`].
     open_until: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Window {
+    started: Instant,
+    requests: u32,
+    failures: u32,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            started: Instant::now(),
+            requests: 0,
+            failures: 0,
+        }
+    }
 }
 
 fn epoch() -> Instant {
@@ -30,7 +55,7 @@ impl Breaker {
         Breaker {
             threshold: threshold.max(1),
             cool_down,
-            failures: AtomicU32::new(0),
+            window: Mutex::new(Window::new()),
             open_until: AtomicU64::new(0),
         }
     }
@@ -42,21 +67,30 @@ impl Breaker {
 
     /// A request failed (an error or a timeout).
     pub(crate) fn failed(&self) {
-        let failures = self
-            .failures
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
-        if failures >= self.threshold {
-            let until =
-                now().saturating_add(u64::try_from(self.cool_down.as_nanos()).unwrap_or(u64::MAX));
-            self.open_until.store(until, Ordering::Relaxed);
-        }
+        self.record(true);
     }
 
     /// A request succeeded.
     pub(crate) fn succeeded(&self) {
-        if self.failures.load(Ordering::Relaxed) != 0 {
-            self.failures.store(0, Ordering::Relaxed);
+        self.record(false);
+    }
+
+    fn record(&self, failed: bool) {
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if window.started.elapsed() >= WINDOW {
+            *window = Window::new();
+        }
+        window.requests = window.requests.saturating_add(1);
+        if !failed {
+            return;
+        }
+        window.failures = window.failures.saturating_add(1);
+        if window.failures >= self.threshold && window.failures * 2 >= window.requests {
+            let cool_down = u64::try_from(self.cool_down.as_nanos()).unwrap_or(u64::MAX);
+            self.open_until
+                .store(now().saturating_add(cool_down), Ordering::Relaxed);
+            // Counted afresh once it is tried again.
+            *window = Window::new();
         }
     }
 }
@@ -66,7 +100,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn opens_after_the_threshold_and_closes_after_a_success() {
+    fn opens_when_failures_reach_the_threshold_and_half_the_requests() {
         let breaker = Breaker::new(3, Duration::from_millis(30));
         breaker.failed();
         breaker.failed();
@@ -75,14 +109,31 @@ mod tests {
         assert!(!breaker.allows(), "the third opens it");
         std::thread::sleep(Duration::from_millis(40));
         assert!(breaker.allows(), "tried again after the cool-down");
-        breaker.failed();
+        for _ in 0..3 {
+            breaker.failed();
+        }
         assert!(
             !breaker.allows(),
-            "a failure after the cool-down opens it again"
+            "failing again after the cool-down opens it again"
         );
-        std::thread::sleep(Duration::from_millis(40));
-        breaker.succeeded();
-        breaker.failed();
-        assert!(breaker.allows(), "a success counts from zero again");
+    }
+
+    #[test]
+    fn a_few_failures_among_many_successes_keep_it_closed() {
+        let breaker = Breaker::new(3, Duration::from_secs(60));
+        for _ in 0..20 {
+            breaker.succeeded();
+        }
+        for _ in 0..10 {
+            breaker.failed();
+        }
+        assert!(
+            breaker.allows(),
+            "10 failures of 30 requests are under half"
+        );
+        for _ in 0..10 {
+            breaker.failed();
+        }
+        assert!(!breaker.allows(), "20 failures of 40 are half");
     }
 }

@@ -25,9 +25,9 @@
 //!   a timeout, an error, or a value idem cannot read (another program's, an older
 //!   format, another payload under the same message key) goes to the database, exactly as
 //!   without the cache.
-//! - **Never a single point of failure.** Redis's errors are never returned. After
-//!   [`Redis::breaker`]'s failures in a row (5) the cache is skipped for its cool-down
-//!   (5 s), then tried again.
+//! - **Never a single point of failure.** Redis's errors are never returned. Once 5
+//!   requests within a second failed and they are at least half of them
+//!   ([`Redis::breaker`]), the cache is skipped for its cool-down (5 s), then tried again.
 //!
 //! # What a cached answer carries, and where it applies
 //!
@@ -166,7 +166,7 @@ fn valid_namespace(namespace: String) -> Result<Arc<str>, CacheError> {
 impl Redis {
     /// A fast path on `conn` (the `redis` crate's reconnecting connection manager), its
     /// keys under `namespace`; 10-minute entries, 5 ms reads, 100 ms writes, and a breaker
-    /// that opens after 5 failures in a row for 5 s.
+    /// that opens for 5 s once 5 requests in a second failed, half of them or more.
     pub fn new(
         conn: redis::aio::ConnectionManager,
         namespace: impl Into<String>,
@@ -220,8 +220,10 @@ impl Redis {
         self
     }
 
-    /// Skips the cache for `cool_down` after `failures` errors or timeouts in a row (by
-    /// default 5 and 5 s).
+    /// Skips the cache for `cool_down` once, within a second, at least `failures` requests
+    /// failed (errors or timeouts) and they are at least half of its requests (by default
+    /// 5 and 5 s). A ratio, not a run of failures: a few reads that exceed the timeout
+    /// together among many that succeed (a saturated CPU) do not turn the cache off.
     pub fn breaker(mut self, failures: u32, cool_down: Duration) -> Self {
         self.threshold = failures.max(1);
         self.cool_down = cool_down;
