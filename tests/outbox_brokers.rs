@@ -213,7 +213,10 @@ async fn a_broker_that_is_down_holds_messages_back_until_it_returns() {
     .await;
     let relay = Relay::new(pool.clone(), JetStream::new(js.clone()))
         .publish_timeout(Duration::from_millis(500))
-        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        // At least a second before the first retry (jitter halves it at most): the check
+        // that a failed message is not due at once must not race the clock. With 50 ms it
+        // did under a loaded suite (a delay drawn near 25 ms had passed by the next claim).
+        .backoff(Duration::from_secs(2), Duration::from_secs(3))
         .max_attempts(1000);
     let down = relay.run_once().await.unwrap();
     assert_eq!((down.claimed, down.published, down.failed), (10, 0, 10));
