@@ -10,7 +10,7 @@ use crate::http_client;
 use crate::order::Order;
 use crate::redis_server::OwnRedis;
 use idem::cache::{self, Redis};
-use idem::inbox::{Delivery, Inbox, MessageKey};
+use idem::inbox::{Claimed, Delivery, Inbox, MessageKey};
 use idem::{Error, Outcome};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -308,9 +308,9 @@ macro_rules! cache_tests {
                 sleeping.await.unwrap();
             }
 
-            /// The HTTP layer: a repeat of a request whose response committed is replayed
-            /// from the cache (with the pool closed); the same key with another body is
-            /// not, it is left to the database.
+            /// The HTTP layer, in both modes: a repeat of a request whose response committed
+            /// is replayed from the cache (with the pool closed); the same key with another
+            /// body is not, it is left to the database.
             #[tokio::test]
             async fn a_repeated_request_is_replayed_from_the_cache() {
                 let Some(redis) = OwnRedis::start() else { return };
@@ -326,25 +326,74 @@ macro_rules! cache_tests {
                         Err(e) => e.to_string(),
                     }
                 }
+                /// The leased mode's route: a call outside the database.
+                async fn charge_route(axum::extract::Path(id): axum::extract::Path<i64>) -> String {
+                    format!("charged {id}")
+                }
                 let layer = idem::http::IdempotencyLayer::new(pool.clone(), Inbox::new("api").unwrap()).unscoped();
-                let app = axum::Router::new().route("/orders/{id}/pay", axum::routing::post(pay_route).layer(layer));
+                let leased = idem::http::IdempotencyLayer::new(pool.clone(), Inbox::new("api-leased").unwrap())
+                    .unscoped()
+                    .leased(Duration::from_secs(30));
+                let app = axum::Router::new()
+                    .route("/orders/{id}/pay", axum::routing::post(pay_route).layer(layer))
+                    .route("/charges/{id}", axum::routing::post(charge_route).layer(leased));
                 let addr = http_client::serve(app).await;
                 let request = |body: &'static str| {
                     http_client::send(addr, "POST", "/orders/1/pay", &[("idempotency-key", b"k-1")], body)
                 };
+                let charge = || http_client::send(addr, "POST", "/charges/5", &[("idempotency-key", b"c-5")], "");
                 let first = request("card 4242").await;
                 assert_eq!((first.status, first.body.as_str(), first.replayed()), (200, "Some(\"receipt 1\")", false));
-                written(&cache, 1).await;
+                let charged = charge().await;
+                assert_eq!((charged.status, charged.body.as_str(), charged.replayed()), (200, "charged 5", false));
+                written(&cache, 2).await;
 
                 pool.close().await;
                 let repeat = request("card 4242").await;
                 assert_eq!((repeat.status, repeat.body.as_str(), repeat.replayed()), (200, "Some(\"receipt 1\")", true));
-                assert_eq!(cache.stats().hits, 1);
+                let charged = charge().await;
+                assert_eq!((charged.status, charged.body.as_str(), charged.replayed()), (200, "charged 5", true));
+                assert_eq!(cache.stats().hits, 2);
                 // Another body under the key: the cache does not answer it; the database
                 // would (a 422), but it is closed.
                 let other = request("card 0000").await;
                 assert!(other.status >= 500 && !other.replayed(), "{other:?}");
                 assert_eq!(cache.stats().foreign, 1);
+            }
+
+            /// The leased mode: a message whose attempt completed is answered from the
+            /// cache at its claim (pool closed); a failed attempt writes nothing.
+            #[tokio::test]
+            async fn a_completed_leased_message_is_answered_from_the_cache() {
+                let Some(redis) = OwnRedis::start() else { return };
+                let Some(pool) = setup().await else { return };
+                let cache = fast_path(&redis, "leased");
+                cache.attach(&pool).await.unwrap();
+                let inbox = Inbox::new("leased").unwrap();
+                let claim = async |key: &MessageKey, payload: &[u8]| {
+                    inbox.claim::<_, i64>(&pool, key, payload).await
+                };
+                let Claimed::Work(failing) = claim(&message_key(2), b"p2").await.unwrap() else {
+                    panic!("a first delivery works")
+                };
+                assert!(failing.complete(&pool, Err::<i64, _>("declined")).await.is_err());
+                let Claimed::Work(lease) = claim(&message_key(1), b"p1").await.unwrap() else {
+                    panic!("a first delivery works")
+                };
+                assert_eq!(lease.complete(&pool, Ok::<_, String>(10)).await.unwrap(), Delivery::Processed(10));
+                written(&cache, 1).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert_eq!(cache.stats().writes, 1, "the failed attempt wrote nothing");
+
+                pool.close().await;
+                match claim(&message_key(1), b"p1").await.unwrap() {
+                    Claimed::Done(delivery) => assert_eq!(delivery, Delivery::Duplicate { first_result: Some(10) }),
+                    Claimed::Work(_) => panic!("a completed message claimed again"),
+                }
+                assert_eq!(cache.stats().hits, 1);
+                // Another payload, and the failed message: only the database can answer.
+                assert!(claim(&message_key(1), b"other").await.is_err());
+                assert!(claim(&message_key(2), b"p2").await.is_err());
             }
 
             /// `Inbox::purge` refuses a retention shorter than the cache's entries live.

@@ -3,7 +3,9 @@
 //! records stuck past their lease. A real subscriber and a real recorder, written here,
 //! receive them from a real SQLite database.
 
-use crate::common;
+mod common;
+#[path = "common/redis.rs"]
+mod redis_server;
 
 use idem::inbox::{Claimed, Delivery, Inbox, ManualClock, MessageKey};
 use idem::{Outcome, StateMachine};

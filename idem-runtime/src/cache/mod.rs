@@ -36,8 +36,8 @@
 //! an inbox or HTTP entry answers only a delivery of the same payload (a request with the
 //! same fingerprint), anything else goes to the database. It applies to calls that begin a
 //! transaction of their own from an attached pool: transition handlers (not event streams
-//! nor creations), `idem::run`, the inbox's transactional mode and the message handlers,
-//! the HTTP layer's transactional mode. The guide's page has the details:
+//! nor creations), `idem::run`, the inbox in both modes and the message handlers, the HTTP
+//! layer in both modes. The guide's page has the details:
 //! [`idem::guide::cache`](https://docs.rs/idem/latest/idem/guide/cache/index.html).
 //!
 //! # Keys and expiry

@@ -9,6 +9,7 @@ use super::{Claimed, Delivery, Inbox, Lease, MessageKey};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
+use crate::work::fast::CacheKey;
 use crate::work::observe::Labels;
 use crate::work::stored::Codec;
 use crate::work::unit::{Entered, Entry, GaveUp, Plan, no_body};
@@ -125,6 +126,27 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
             Claimed::Done(delivery) => self.inbox.count(delivery, false),
         }
     }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        Some(super::cached::key(&self.inbox.group, self.key))
+    }
+
+    fn cached_reply(&self, value: &str) -> Option<Claim<T>> {
+        let first_result = super::cached::first_result(value, &self.fingerprint, self.codec)?;
+        Some(Claim {
+            claimed: Claimed::Done(Delivery::Duplicate { first_result }),
+            event: None,
+        })
+    }
+
+    fn cache_value(&self, reply: &Claim<T>) -> Option<String> {
+        match &reply.claimed {
+            Claimed::Done(delivery) => {
+                super::cached::of_delivery(&self.fingerprint, delivery, self.codec)
+            }
+            Claimed::Work(_) => None,
+        }
+    }
 }
 
 /// What a claim did, before a stored result is decoded: nothing here holds a `T`, so it
@@ -169,7 +191,7 @@ impl<T> ClaimPlan<'_, T> {
             Err(e) => return Err(e.into()),
         };
         if inserted == 1 {
-            let lease = inbox.lease_of(self.key, 1, lease_until);
+            let lease = inbox.lease_of(self.key, &self.fingerprint, 1, lease_until);
             return Ok(Step::Work(lease, None));
         }
         Ok(
@@ -194,7 +216,8 @@ impl<T> ClaimPlan<'_, T> {
                         // holds the message now.
                         return Ok(Step::InProgress);
                     }
-                    let lease = inbox.lease_of(self.key, attempts + 1, lease_until);
+                    let lease =
+                        inbox.lease_of(self.key, &self.fingerprint, attempts + 1, lease_until);
                     Step::Work(lease, takeover.then_some(Counter::Takeovers))
                 }
                 Found::Ended(ended) => Step::Ended(ended),
@@ -307,6 +330,26 @@ impl<DB: Backend> Plan<DB> for CompletePlan<'_> {
             Recorded::Failed => {}
             Recorded::Buried => counters.add(Counter::Dead, 1),
         }
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        Some(super::cached::key(&self.lease.inbox.group, &self.lease.key))
+    }
+
+    /// A success committed: its result, for the fast path.
+    fn cache_value(&self, reply: &Recorded) -> Option<String> {
+        match (reply, &self.outcome) {
+            (Recorded::Succeeded, Outcome::Succeeded(json)) => Some(super::cached::value(
+                &self.lease.fingerprint,
+                json.unwrap_or("null"),
+            )),
+            _ => None,
+        }
+    }
+
+    /// Never asked: a completion is not a delivery.
+    fn cache_reads(&self) -> bool {
+        false
     }
 }
 

@@ -16,6 +16,7 @@
 //! tells the whole story: a complete JetStream consumer, the attribute's form, the leased mode,
 //! how to choose the retention, the table and its migrations, and what the tests prove.
 
+mod cached;
 mod clock;
 mod counters;
 pub(crate) mod delivery;
@@ -413,10 +414,11 @@ impl Inbox {
         Delivery::InProgress { lease_until_millis }
     }
 
-    fn lease_of(&self, key: &MessageKey, attempt: i64, until: i64) -> Lease {
+    fn lease_of(&self, key: &MessageKey, fingerprint: &str, attempt: i64, until: i64) -> Lease {
         Lease {
             inbox: self.clone(),
             key: key.clone(),
+            fingerprint: fingerprint.to_owned(),
             attempt,
             until: AtomicI64::new(until),
         }
@@ -555,6 +557,8 @@ pub enum Claimed<T> {
 pub struct Lease {
     inbox: Inbox,
     key: MessageKey,
+    /// The payload's digest, for the fast path's entry once it completes.
+    fingerprint: String,
     attempt: i64,
     until: AtomicI64,
 }

@@ -97,45 +97,24 @@ impl InboxStage {
         self.patience
     }
 
-    /// The key of the message's first result in the fast path: the group and the key.
+    /// The key of the message's first result in the fast path.
     fn cache_key(&self) -> Option<CacheKey> {
-        Some(CacheKey::new(
-            "inbox",
-            &[&self.inbox.group, self.key.as_str()],
-        ))
+        Some(super::cached::key(&self.inbox.group, &self.key))
     }
 
-    /// What the fast path keeps of a message processed with the first result `json`: the
-    /// payload's digest, so that a delivery of another payload under the key is left to
-    /// the database (a conflict), and the result.
+    /// What the fast path keeps of the message processed with the first result `json`.
     fn cache_value(&self, json: &str) -> String {
-        format!("{}\n{json}", self.fingerprint)
+        super::cached::value(&self.fingerprint, json)
     }
 
-    /// The first result in `value` (`Some(None)`: none stored), if it was written for this
-    /// delivery's payload and decodes.
+    /// The first result in `value`, if written for this delivery's payload.
     fn cached_result<T>(&self, value: &str, codec: Codec<T>) -> Option<Option<T>> {
-        let (fingerprint, json) = value.split_once('\n')?;
-        if fingerprint != self.fingerprint {
-            return None;
-        }
-        match json {
-            "null" => Some(None),
-            json => (codec.decode)(json).ok().map(Some),
-        }
+        super::cached::first_result(value, &self.fingerprint, codec)
     }
 
     /// What the fast path keeps of `delivery`: a first result, or nothing.
     fn cache_delivery<T, R>(&self, delivery: &Delivery<T, R>, codec: Codec<T>) -> Option<String> {
-        let json = match delivery {
-            Delivery::Processed(result)
-            | Delivery::Duplicate {
-                first_result: Some(result),
-            } => (codec.encode)(result).ok()?,
-            Delivery::Duplicate { first_result: None } => "null".to_owned(),
-            _ => return None,
-        };
-        Some(self.cache_value(&json))
+        super::cached::of_delivery(&self.fingerprint, delivery, codec)
     }
 
     /// The consumer group and the message key, for the call's span and counters.
