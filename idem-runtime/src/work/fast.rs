@@ -46,7 +46,8 @@ pub(crate) struct Fast {
 
 impl Fast {
     /// The fast path of `plan`'s call from `pool`: nothing unless a cache is attached to
-    /// the pool and the plan's replies can be cached.
+    /// the pool and the call is valid (its input checked: only then, so a call from a pool
+    /// without a cache checks it once, in the unit of work) and its replies can be cached.
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub(crate) fn of<DB: Backend, P: Plan<DB>>(pool: &Pool<DB>, plan: &P) -> Fast {
         #[cfg(feature = "redis")]
@@ -54,6 +55,9 @@ impl Fast {
             let Some(attached) = crate::cache::attached(pool) else {
                 return Fast::default();
             };
+            if plan.check().is_err() {
+                return Fast::default();
+            }
             let Some(key) = plan.cache_key() else {
                 return Fast::default();
             };

@@ -315,10 +315,7 @@ pub async fn begin<'c, DB: Backend, P: Plan<DB>>(
 ) -> Begun<'c, DB, P::Reply, P::Kept> {
     let labels = plan.labels();
     let span = labels.span();
-    let fast = match plan.check() {
-        Ok(()) => Fast::of(pool, plan),
-        Err(_) => Fast::default(),
-    };
+    let fast = Fast::of(pool, plan);
     if plan.cache_reads()
         && let Some(reply) = fast.answer(plan, &span).instrument(span.clone()).await
     {
