@@ -19,9 +19,12 @@ mod harness;
 mod http_client;
 #[path = "common/order.rs"]
 mod order;
+#[path = "common/proxy.rs"]
+mod proxy;
 #[path = "common/redis.rs"]
 mod redis_server;
 
+mod ambiguous_commit;
 mod cache;
 mod chain;
 mod clocks;

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use std::convert::Infallible;
@@ -220,13 +220,27 @@ where
     drop(flight);
     match finished {
         Ok(_) => Ok(Response::from_parts(parts, body)),
-        Err(e) => {
-            tracing::error!(error = %e, "idem: the idempotent request's commit failed");
-            Ok(server_error(
-                "the request's changes could not be committed; nothing was stored, retry with the same key",
-            ))
-        }
+        Err(e) => Ok(commit_failed(&e)),
     }
+}
+
+/// The answer when the commit of a handler's writes and its response failed. A lost
+/// connection or a lost conflict (a Galera certification failure, a serialization failure
+/// at COMMIT) is worth a retry with the same key — a 503 with `Retry-After` — and the
+/// first may well have committed (the connection was cut after the server got the COMMIT):
+/// then the retry is replayed, never run twice. Any other error is a 500.
+fn commit_failed(e: &Error<Infallible>) -> Response<Body> {
+    tracing::error!(error = %e, "idem: the idempotent request's commit failed");
+    if !e.is_transient() {
+        return server_error(
+            "the request's changes could not be committed; nothing was stored, retry with the same key",
+        );
+    }
+    unavailable(
+        "Commit not confirmed",
+        "the database did not confirm the request's commit; retry with the same key: if it \
+         committed, its response is replayed, and it never runs twice",
+    )
 }
 
 /// The response's body to send, and its stored form: with the body when it is kept, or
@@ -572,24 +586,22 @@ fn server_error(detail: &str) -> Response<Body> {
 /// be retried (a 503 when the database was only busy).
 fn database_error(e: &Error<Infallible>) -> Response<Body> {
     tracing::error!(error = %e, "idem: the idempotency key could not be recorded");
-    let (status, title) = if e.is_transient() {
-        (StatusCode::SERVICE_UNAVAILABLE, "Database busy")
+    let detail = "the request's key could not be recorded; nothing ran, retry with the same key";
+    if e.is_transient() {
+        unavailable("Database busy", detail)
     } else {
-        (
+        Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "Idempotent request failed",
+            detail,
         )
-    };
-    let mut response = Problem::new(
-        status,
-        title,
-        "the request's key could not be recorded; nothing ran, retry with the same key",
-    )
-    .into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        .into_response()
     }
-    response
+}
+
+/// A 503 with `Retry-After: 1`: the same request may be retried with its key.
+fn unavailable(title: &'static str, detail: &str) -> Response<Body> {
+    let mut problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, title, detail);
+    problem.retry_after = Some(Duration::from_secs(1));
+    problem.into_response()
 }

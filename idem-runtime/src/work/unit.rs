@@ -12,8 +12,9 @@
 //! 2. **stages**, in order, in that transaction — the inbox record, the transition's
 //!    conditional UPDATE. Each either lets the call go on, or ends it with a reply (a
 //!    duplicate, a refusal, …) that rolls back or commits what the stages wrote. A conflict
-//!    lost here (serialization failure, deadlock, busy database) rolls back and begins
-//!    again, with bounded backoff: the body has not run, so nothing can be duplicated;
+//!    lost here (serialization failure, deadlock, busy database), or at the COMMIT of what
+//!    the stages wrote (a Galera certification failure), rolls back and begins again, with
+//!    bounded backoff: the body has not run, so nothing can be duplicated;
 //! 3. **the body**, only if every stage let the call go on, in the same transaction;
 //! 4. **finish** — the body's result encoded once and bounded, stored by each stage that
 //!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters, then (from
@@ -460,7 +461,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
             }
             Err(e) => Err(Error::from(e)),
         };
-        match entered {
+        let lost = match entered {
             Ok((Opened::Transaction(tx), writer, Entered::Run(kept))) => {
                 let work = Work {
                     tx,
@@ -484,27 +485,32 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                 return (Begun::Done(Err(error)), backoff.attempts());
             }
             Ok((opened, _writer, Entered::Done { reply, commit })) => {
-                let ended = opened.end(commit).await;
-                let done = ended.map(|()| reply).map_err(Error::from);
-                if let Ok(reply) = &done {
-                    plan.settled(reply);
-                    if fast.is_on() {
-                        fast.remember(plan.cache_value(reply));
+                match opened.end(commit).await {
+                    Ok(()) => {
+                        plan.settled(&reply);
+                        if fast.is_on() {
+                            fast.remember(plan.cache_value(&reply));
+                        }
+                        return (Begun::Done(Ok(reply)), backoff.attempts());
                     }
+                    Err(e) => Error::from(e),
                 }
-                return (Begun::Done(done), backoff.attempts());
             }
-            // Lost a conflict before the body ran (at BEGIN, a busy SQLite database, or in
-            // a stage): the transaction is gone (dropped, so rolled back), nothing was
+            Err(e) => e,
+        };
+        match lost {
+            // Lost a conflict before any body ran (at BEGIN, a busy SQLite database, in a
+            // stage, or at the COMMIT of the stages' own writes: a Galera certification
+            // failure): the transaction is gone (dropped, so rolled back), nothing was
             // applied, and a fresh one may win.
-            Err(Error::Database(e)) if is_conflict(&e) => {
+            Error::Database(e) if is_conflict(&e) => {
                 if !backoff.wait().await {
                     let attempts = backoff.attempts();
                     let gave_up = Error::Contention { attempts, last: e };
                     return (Begun::Done(Err(gave_up)), attempts);
                 }
             }
-            Err(e) => return (Begun::Done(Err(e)), backoff.attempts()),
+            e => return (Begun::Done(Err(e)), backoff.attempts()),
         }
     }
 }
