@@ -1,4 +1,4 @@
-//! The ambiguous commit, on PostgreSQL and MariaDB: a proxy between the pool and the server
+//! The ambiguous commit, on PostgreSQL, MariaDB and a MariaDB Galera cluster: a proxy between the pool and the server
 //! cuts the connection after the server answered a `COMMIT` and before the answer reaches
 //! the client, so the caller gets an error (transient: the connection was lost) for a call
 //! that committed. Its retry is a duplicate: the transition `AlreadyDone`, the creation
@@ -9,6 +9,7 @@
 //! error: every order paid once.
 
 use crate::common;
+use crate::galera_cluster;
 use crate::http_client;
 use crate::order::Order;
 use crate::proxy::{Cut, CutProxy};
@@ -36,6 +37,9 @@ const TICKETS: &str = "CREATE TABLE tickets (
     version BIGINT NOT NULL DEFAULT 0,
     seats BIGINT NOT NULL
 )";
+
+/// The Galera cluster's turn, held by the tests on it.
+type Turn = Option<tokio::sync::MutexGuard<'static, ()>>;
 
 const KEYS: i64 = 48;
 const COPIES: usize = 3;
@@ -110,8 +114,8 @@ macro_rules! ambiguous_commit_tests {
 
             /// The pool through the proxy (whose `COMMIT`s it cuts), and one straight to the
             /// server to look at the rows with.
-            async fn setup(name: &str) -> Option<(sqlx::Pool<$db>, sqlx::Pool<$db>, CutProxy)> {
-                let (direct, proxied, proxy) = $setup(name).await?;
+            async fn setup(name: &str) -> Option<(sqlx::Pool<$db>, sqlx::Pool<$db>, CutProxy, Turn)> {
+                let (direct, proxied, proxy, turn) = $setup(name).await?;
                 sqlx::query(TICKETS).execute(&direct).await.unwrap();
                 idem::migrate(&direct).await.unwrap();
                 idem::create_results_table::<Ticket, _>(&direct).await.unwrap();
@@ -122,7 +126,7 @@ macro_rules! ambiguous_commit_tests {
                         .await
                         .unwrap();
                 }
-                Some((direct, proxied, proxy))
+                Some((direct, proxied, proxy, turn))
             }
 
             async fn effects(pool: &sqlx::Pool<$db>, kind: &str) -> Vec<(i64, i64)> {
@@ -137,7 +141,7 @@ macro_rules! ambiguous_commit_tests {
             /// call that committed; the retry is the duplicate, with the first result.
             #[tokio::test]
             async fn a_commit_whose_answer_is_lost_is_a_duplicate_on_retry() {
-                let Some((direct, pool, proxy)) = setup("ambiguous_answer").await else { return };
+                let Some((direct, pool, proxy, _turn)) = setup("ambiguous_answer").await else { return };
                 let inbox = Inbox::new("ambiguous").unwrap();
 
                 proxy.cut_next(Cut::Answer);
@@ -183,7 +187,7 @@ macro_rules! ambiguous_commit_tests {
             /// retry applies, once.
             #[tokio::test]
             async fn a_commit_that_never_arrived_applies_on_retry() {
-                let Some((direct, pool, proxy)) = setup("ambiguous_request").await else { return };
+                let Some((direct, pool, proxy, _turn)) = setup("ambiguous_request").await else { return };
                 let inbox = Inbox::new("ambiguous").unwrap();
 
                 proxy.cut_next(Cut::Request);
@@ -220,7 +224,7 @@ macro_rules! ambiguous_commit_tests {
             /// fifth `COMMIT` itself; every transient error is retried by its caller.
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn cut_commits_under_load_lose_nothing_and_double_nothing() {
-                let Some((direct, pool, proxy)) = setup("ambiguous_storm").await else { return };
+                let Some((direct, pool, proxy, _turn)) = setup("ambiguous_storm").await else { return };
                 proxy.schedule(|n| match n % 5 {
                     1 => Cut::Answer,
                     3 => Cut::Request,
@@ -284,7 +288,7 @@ macro_rules! ambiguous_commit_tests {
 }
 
 /// The schema of `name`, and a pool on it through a proxy that cuts PostgreSQL's `COMMIT`s.
-async fn postgres(name: &str) -> Option<(sqlx::PgPool, sqlx::PgPool, CutProxy)> {
+async fn postgres(name: &str) -> Option<(sqlx::PgPool, sqlx::PgPool, CutProxy, Turn)> {
     let direct = common::postgres(name, 2).await?;
     let options = (*direct.connect_options()).clone();
     let upstream = format!("{}:{}", options.get_host(), options.get_port());
@@ -294,12 +298,30 @@ async fn postgres(name: &str) -> Option<(sqlx::PgPool, sqlx::PgPool, CutProxy)> 
         .connect_with(options.host("127.0.0.1").port(proxy.port()))
         .await
         .unwrap();
-    Some((direct, proxied, proxy))
+    Some((direct, proxied, proxy, None))
 }
 
 /// The database `name`, and a pool on it through a proxy that cuts MySQL's `COMMIT`s.
-async fn mysql(name: &str) -> Option<(sqlx::MySqlPool, sqlx::MySqlPool, CutProxy)> {
+async fn mysql(name: &str) -> Option<(sqlx::MySqlPool, sqlx::MySqlPool, CutProxy, Turn)> {
     let direct = common::mysql(name, 2).await?;
+    through_proxy(direct, None).await
+}
+
+/// The database `name` on the first node of the Galera cluster (`scripts/galera`), and a
+/// pool on it through a proxy that cuts MySQL's `COMMIT`s; the cluster's turn held (a test
+/// of tests/galera.rs kills a node).
+async fn galera(name: &str) -> Option<(sqlx::MySqlPool, sqlx::MySqlPool, CutProxy, Turn)> {
+    let turn = galera_cluster::CLUSTER.lock().await;
+    let direct = galera_cluster::pools(name, common::MYSQL_TABLES, 2)
+        .await?
+        .swap_remove(0);
+    through_proxy(direct, Some(turn)).await
+}
+
+async fn through_proxy(
+    direct: sqlx::MySqlPool,
+    turn: Turn,
+) -> Option<(sqlx::MySqlPool, sqlx::MySqlPool, CutProxy, Turn)> {
     let options = (*direct.connect_options()).clone();
     let upstream = format!("{}:{}", options.get_host(), options.get_port());
     let proxy = CutProxy::start(resolve(&upstream).await, crate::proxy::MYSQL_COMMIT).await;
@@ -308,7 +330,7 @@ async fn mysql(name: &str) -> Option<(sqlx::MySqlPool, sqlx::MySqlPool, CutProxy
         .connect_with(options.host("127.0.0.1").port(proxy.port()))
         .await
         .unwrap();
-    Some((direct, proxied, proxy))
+    Some((direct, proxied, proxy, turn))
 }
 
 async fn resolve(host_port: &str) -> std::net::SocketAddr {
@@ -321,3 +343,4 @@ async fn resolve(host_port: &str) -> std::net::SocketAddr {
 
 ambiguous_commit_tests!(on_postgres, sqlx::Postgres, postgres, positional = false);
 ambiguous_commit_tests!(on_mysql, sqlx::MySql, mysql, positional = true);
+ambiguous_commit_tests!(on_galera, sqlx::MySql, galera, positional = true);

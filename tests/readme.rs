@@ -10,7 +10,7 @@ macro_rules! page {
 }
 
 /// The README and the guide's pages.
-const PAGES: [(&str, &str); 11] = [
+const PAGES: [(&str, &str); 12] = [
     page!("README.md"),
     page!("docs/guide/transitions.md"),
     page!("docs/guide/sql.md"),
@@ -18,6 +18,7 @@ const PAGES: [(&str, &str); 11] = [
     page!("docs/guide/http.md"),
     page!("docs/guide/outbox.md"),
     page!("docs/guide/cache.md"),
+    page!("docs/guide/scaling.md"),
     page!("docs/guide/observability.md"),
     page!("docs/guide/schema.md"),
     page!("docs/guide/testing.md"),

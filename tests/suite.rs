@@ -13,6 +13,8 @@ mod brokers;
 #[path = "common/child.rs"]
 mod child;
 mod common;
+#[path = "common/galera.rs"]
+mod galera_cluster;
 #[path = "common/harness.rs"]
 mod harness;
 #[path = "common/http_client.rs"]
@@ -37,6 +39,7 @@ mod creation;
 mod enforce;
 mod event_streams;
 mod faults;
+mod galera;
 mod http;
 mod http_crashes;
 mod inbox;

@@ -163,12 +163,17 @@ pub async fn mysql_database(name: &str) -> Option<String> {
     .await
     .unwrap();
     drop(admin);
+    Some(on_database(&url, &database))
+}
+
+/// A MySQL `url` with its database replaced by `database` (its query string kept).
+pub fn on_database(url: &str, database: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, format!("?{query}")),
-        None => (url.as_str(), String::new()),
+        None => (url, String::new()),
     };
     let base = base.rsplit_once('/').map_or(base, |(server, _)| server);
-    Some(format!("{base}/{database}{query}"))
+    format!("{base}/{database}{query}")
 }
 
 /// A pool on a fresh database `name` holding [`MYSQL_TABLES`].

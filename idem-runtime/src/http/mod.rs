@@ -43,6 +43,7 @@
 //! has every answer the layer gives and why, the leased mode, form tokens, retention, and a
 //! session against `examples/http_orders.rs`.
 
+mod db_error;
 mod extract;
 mod fingerprint;
 mod flight;
@@ -53,6 +54,7 @@ mod scope;
 mod service;
 mod token;
 
+pub use db_error::DbError;
 pub use extract::{RequestKey, Tx};
 pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
