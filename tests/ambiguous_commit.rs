@@ -47,7 +47,11 @@ const TASKS: usize = 32;
 
 /// Calls `call` again while it fails with a transient error (the cut connection), as a
 /// client does; at most 50 times.
-async fn until_answered<T, E: std::fmt::Debug, F: Future<Output = Result<T, Error<E>>>>(
+async fn until_answered<
+    T,
+    E: std::fmt::Debug + 'static,
+    F: Future<Output = Result<T, Error<E>>>,
+>(
     mut call: impl FnMut() -> F,
 ) -> (T, usize) {
     let mut failures = 0;

@@ -38,6 +38,7 @@ mod crashes;
 mod creation;
 mod enforce;
 mod event_streams;
+mod failover;
 mod faults;
 mod galera;
 mod http;

@@ -1,7 +1,6 @@
 //! Errors: the handler's own, the database's, and bad data or input; and whether a
 //! handler's error carries a lost conflict.
 
-use crate::backend::is_conflict_source;
 use crate::value::column::ColumnProblem;
 use crate::value::key::KeyError;
 use core::any::Any;
@@ -134,13 +133,22 @@ impl<E> Error<E> {
     }
 
     /// `true` for errors a retry of the same call may cure: serialization failures,
-    /// deadlocks, a busy database, a dropped connection. Handler errors are the handler's
-    /// to judge and return `false` (a serialization failure in one of the body's statements
-    /// is recognized by [`is_conflict`](Self::is_conflict)).
-    pub fn is_transient(&self) -> bool {
+    /// deadlocks, a busy database, a dropped connection, a server shutting down or not yet
+    /// serving (a failover; see [`is_transient`](crate::is_transient())) — in idem's own
+    /// statements, or in a statement of the body (the connection cut while the body ran, a
+    /// Galera node killed under it) where idem can see the `sqlx::Error` in the handler's
+    /// error, as [`is_conflict`](Self::is_conflict) does. Everything was rolled back, so
+    /// calling the handler again is safe. Other handler errors are the handler's to judge.
+    pub fn is_transient(&self) -> bool
+    where
+        E: 'static,
+    {
         match self {
             Error::Database(e) => crate::backend::is_transient(e),
             Error::Contention { .. } | Error::Busy { .. } => true,
+            Error::Handler(e) => {
+                handler_carries(e, crate::backend::is_transient, Error::is_transient)
+            }
             _ => false,
         }
     }
@@ -167,7 +175,9 @@ impl<E> Error<E> {
     {
         match self {
             Error::Database(e) => crate::backend::is_conflict(e),
-            Error::Handler(e) => handler_conflict(e),
+            Error::Handler(e) => {
+                handler_carries(e, crate::backend::is_conflict, Error::is_conflict)
+            }
             _ => false,
         }
     }
@@ -315,18 +325,23 @@ impl<E> From<sqlx::Error> for Error<E> {
     }
 }
 
-/// Whether a handler's error of type `E` is, or carries, a lost conflict — for the types
-/// idem can see into without knowing them: `sqlx::Error`, boxed `dyn Error`s (their chain
-/// is walked), and `idem::Error<sqlx::Error>` (a handler called from another's body).
-fn handler_conflict<E: 'static>(error: &E) -> bool {
+/// Whether a handler's error of type `E` is, or carries, an `sqlx::Error` that passes
+/// `test` (a lost conflict, a transient failure) — for the types idem can see into without
+/// knowing them: `sqlx::Error`, boxed `dyn Error`s (their chain is walked), and
+/// `idem::Error<sqlx::Error>` (a handler called from another's body, judged whole).
+fn handler_carries<E: 'static>(
+    error: &E,
+    test: fn(&sqlx::Error) -> bool,
+    nested: fn(&Error<sqlx::Error>) -> bool,
+) -> bool {
     let any = error as &dyn Any;
     if let Some(e) = any.downcast_ref::<sqlx::Error>() {
-        return crate::backend::is_conflict(e);
+        return test(e);
     }
     if let Some(e) = any.downcast_ref::<Error<sqlx::Error>>() {
-        return e.is_conflict();
+        return nested(e);
     }
-    boxed(any).is_some_and(is_conflict_source)
+    boxed(any).is_some_and(|e| crate::backend::carries(e, test))
 }
 
 /// The `dyn Error` inside a boxed error of one of the usual shapes.
@@ -338,4 +353,38 @@ fn boxed(any: &dyn Any) -> Option<&(dyn StdError + 'static)> {
         return Some(e.as_ref());
     }
     any.downcast_ref::<Box<dyn StdError>>().map(AsRef::as_ref)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    /// A connection lost under a statement of the body reaches the caller as the handler's
+    /// error: transient (a retry is safe), not a conflict.
+    #[test]
+    fn a_lost_connection_in_the_body_is_transient_where_idem_can_see_it() {
+        let plain: Error<sqlx::Error> = Error::Handler(lost());
+        assert!(plain.is_transient());
+        assert!(!plain.is_conflict());
+        let boxed: Error<Box<dyn StdError + Send + Sync>> = Error::Handler(Box::new(lost()));
+        assert!(boxed.is_transient());
+        let nested: Error<Error<sqlx::Error>> = Error::Handler(Error::Database(lost()));
+        assert!(nested.is_transient());
+        let contended: Error<Error<sqlx::Error>> = Error::Handler(Error::Busy {
+            waited: std::time::Duration::from_secs(1),
+        });
+        assert!(contended.is_transient());
+        assert!(
+            !contended.is_conflict(),
+            "a nested Busy is no conflict, as before"
+        );
+        let other: Error<sqlx::Error> = Error::Handler(sqlx::Error::RowNotFound);
+        assert!(!other.is_transient());
+        let own: Error<String> = Error::Handler("declined".into());
+        assert!(!own.is_transient());
+    }
 }

@@ -34,6 +34,13 @@ pub enum ErrorClass {
     /// A unique index refused the row (PostgreSQL 23505; SQLite's UNIQUE and PRIMARY KEY
     /// constraints; MySQL 1062): only that statement failed.
     Duplicate,
+    /// The server ended the connection or cannot serve yet: it is shutting down, crashed,
+    /// is starting up or recovering (PostgreSQL's connection exceptions, class 08, and
+    /// 57P01–57P03, as a failover cuts its connections; MySQL's server shutdown 1053, a
+    /// killed connection 1927, and 1047, a Galera node that is not part of the cluster's
+    /// primary component). The transaction is gone; on another connection, perhaps to
+    /// another server, the call may succeed.
+    Unavailable,
     /// Anything else: the caller's to report.
     Other,
 }
@@ -123,6 +130,10 @@ impl Dialect {
                 "40001" | "40P01" => ErrorClass::Conflict,
                 "55P03" => ErrorClass::LockTimeout,
                 "23505" => ErrorClass::Duplicate,
+                // admin_shutdown (also "terminating connection due to unexpected postmaster
+                // exit"), crash_shutdown, cannot_connect_now (starting up, in recovery)
+                "57P01" | "57P02" | "57P03" => ErrorClass::Unavailable,
+                code if code.starts_with("08") => ErrorClass::Unavailable,
                 _ => ErrorClass::Other,
             },
             Dialect::Sqlite => match code.parse::<u32>() {
@@ -139,6 +150,9 @@ impl Dialect {
                 "1205" | "3572" => ErrorClass::LockTimeout,
                 // ER_DUP_ENTRY; ER_DUP_ENTRY_WITH_KEY_NAME
                 "1062" | "1586" => ErrorClass::Duplicate,
+                // ER_SERVER_SHUTDOWN; ER_CONNECTION_KILLED; ER_UNKNOWN_COM_ERROR, which a
+                // Galera node outside the primary component answers every statement with
+                "1053" | "1927" | "1047" => ErrorClass::Unavailable,
                 _ => ErrorClass::Other,
             },
         }
@@ -170,6 +184,9 @@ mod tests {
         assert_eq!(pg.error("55P03"), ErrorClass::LockTimeout);
         assert_eq!(pg.error("23505"), ErrorClass::Duplicate);
         assert_eq!(pg.error("23514"), ErrorClass::Other);
+        for gone in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            assert_eq!(pg.error(gone), ErrorClass::Unavailable, "{gone}");
+        }
         let lite = Dialect::Sqlite;
         // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT (517), SQLITE_LOCKED_SHAREDCACHE (262)
         for busy in ["5", "517", "6", "262"] {
@@ -185,6 +202,9 @@ mod tests {
         assert_eq!(my.error("1020"), ErrorClass::Conflict);
         assert_eq!(my.error("1205"), ErrorClass::LockTimeout);
         assert_eq!(my.error("1062"), ErrorClass::Duplicate);
+        for gone in ["1053", "1927", "1047"] {
+            assert_eq!(my.error(gone), ErrorClass::Unavailable, "{gone}");
+        }
         // a SIGNAL from a trigger, a CHECK constraint, and a SQLSTATE
         for other in ["1644", "4025", "40001"] {
             assert_eq!(my.error(other), ErrorClass::Other, "{other}");

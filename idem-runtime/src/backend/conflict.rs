@@ -24,12 +24,14 @@ type DynError = dyn StdError + 'static;
 /// # Ok(()) }
 /// ```
 pub fn is_conflict_source(error: &DynError) -> bool {
+    carries(error, super::is_conflict)
+}
+
+/// Whether `error`, or any error in its source chain, is an `sqlx::Error` that passes `test`.
+pub(crate) fn carries(error: &DynError, test: fn(&sqlx::Error) -> bool) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
-        if error
-            .downcast_ref::<sqlx::Error>()
-            .is_some_and(super::is_conflict)
-        {
+        if error.downcast_ref::<sqlx::Error>().is_some_and(test) {
             return true;
         }
         next = error.source();

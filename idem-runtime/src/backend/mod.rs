@@ -26,6 +26,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub(crate) use conflict::carries;
 pub use conflict::is_conflict_source;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
@@ -267,11 +268,16 @@ pub(crate) fn is_duplicate(error: &sqlx::Error) -> bool {
 
 /// Whether a retry of the whole transaction may succeed: serialization failures and
 /// deadlocks (PostgreSQL 40001, 40P01; MySQL 1213, MariaDB 1020), a busy or locked SQLite
-/// database, a lost connection, an exhausted pool.
+/// database, a lost connection, an exhausted pool, a server that ended the connection or
+/// cannot serve yet (PostgreSQL 57P01–57P03 and class 08, as a failover cuts connections;
+/// MySQL 1053, 1927, and 1047 from a Galera node outside the cluster's primary component).
 pub fn is_transient(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => true,
-        other => is_conflict(other),
+        other => matches!(
+            error_class(other),
+            ErrorClass::Conflict | ErrorClass::Unavailable
+        ),
     }
 }
 

@@ -1,0 +1,260 @@
+//! PostgreSQL failover (`scripts/pg-failover`: Patroni with etcd, a synchronous standby,
+//! HAProxy sending connections to the current primary): 1,000 at-least-once deliveries — an
+//! inbox consumer's messages and clients' transitions, each twice, shuffled — by 16 tasks
+//! while the primary is SIGKILLed and the standby promoted. Callers see transient errors
+//! (connections cut, none to be had while no node is primary) and retry; at the end every
+//! message and every order has exactly one effect, on the promoted node.
+
+use crate::common;
+use crate::order::Order;
+use idem::inbox::{Delivery, Inbox, MessageKey};
+use idem::{Error, Outcome};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// The URL through HAProxy, or `None` (test skipped) when it is unset and servers are
+/// optional.
+fn failover_url() -> Option<String> {
+    match std::env::var("IDEM_TEST_FAILOVER_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if common::require_servers() => panic!(
+            "IDEM_TEST_FAILOVER_URL is not set (scripts/pg-failover start; scripts/pg-failover url), \
+             and IDEM_TEST_REQUIRE_SERVERS=1 forbids skipping"
+        ),
+        _ => {
+            eprintln!(
+                "skipped: start scripts/pg-failover and set IDEM_TEST_FAILOVER_URL to run the failover test"
+            );
+            None
+        }
+    }
+}
+
+/// Runs `scripts/pg-failover` with `args`, and fails the test if it fails.
+async fn script(args: &[&'static str]) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-failover");
+    let args: Vec<&'static str> = args.to_vec();
+    let output =
+        tokio::task::spawn_blocking(move || std::process::Command::new(path).args(&args).output())
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
+    assert!(
+        output.status.success(),
+        "scripts/pg-failover failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay(tx: &mut Transaction<'_, Postgres>, order_id: i64) -> Result<String, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 0)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(format!("receipt {order_id}"))
+}
+
+#[idem::idempotent(inbox = "inbox", message = "key", payload = "payload")]
+async fn consume(
+    tx: &mut Transaction<'_, Postgres>,
+    inbox: &Inbox,
+    key: &MessageKey,
+    payload: &[u8],
+    order_id: i64,
+) -> Result<i64, sqlx::Error> {
+    let _ = payload;
+    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'consume', 0)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(order_id * 10)
+}
+
+/// Calls `call` until it answers, retrying every transient error (counted) for up to 60 s.
+async fn until_answered<T, F: Future<Output = Result<T, Error<sqlx::Error>>>>(
+    mut call: impl FnMut() -> F,
+    transient: &AtomicUsize,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(e) if (e.is_transient() || e.is_conflict()) && Instant::now() < deadline => {
+                transient.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("not transient, or no answer within 60 s: {e:?}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Pay(i64),
+    Consume(i64),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing() {
+    const ORDERS: i64 = 200;
+    const MESSAGES: i64 = 300;
+    let Some(url) = failover_url() else { return };
+    // A node an earlier run killed and did not rejoin (it failed) follows the primary again.
+    script(&["heal"]).await;
+    let schema = "idem_test_failover";
+    let admin = PgPool::connect(&url).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap()
+        .options([("search_path", schema)]);
+    // Connections that fail soon while no node is primary (the callers retry), and none to
+    // a standby: HAProxy sends connections to the node Patroni calls the primary, a moment
+    // before its promotion ends (a write there fails with 25006, read-only), so the pool
+    // refuses a connection that lands on a node still in recovery, as the guide shows.
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(2))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if standby {
+                    let refused =
+                        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "a standby");
+                    return Err(sqlx::Error::Io(refused));
+                }
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::raw_sql(common::TABLES).execute(&pool).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "INSERT INTO orders (order_id, status) SELECT g, 'CREATED' FROM generate_series(1, {ORDERS}) g"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let mut calls: Vec<Call> = (1..=ORDERS)
+        .map(Call::Pay)
+        .chain((1..=MESSAGES).map(Call::Consume))
+        .flat_map(|call| [call, call])
+        .collect();
+    calls.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1000));
+    let total = calls.len();
+    assert_eq!(total, 1000);
+    let calls = Arc::new(Mutex::new(calls));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let transient = Arc::new(AtomicUsize::new(0));
+    let inbox = Inbox::new("failover").unwrap();
+    let mut tasks = JoinSet::new();
+    for _ in 0..16 {
+        let (pool, inbox, calls) = (pool.clone(), inbox.clone(), calls.clone());
+        let (answered, transient) = (answered.clone(), transient.clone());
+        tasks.spawn(async move {
+            let (mut applied, mut processed) = (Vec::new(), Vec::new());
+            loop {
+                let Some(call) = calls.lock().unwrap().pop() else {
+                    return (applied, processed);
+                };
+                match call {
+                    Call::Pay(k) => match until_answered(|| pay(&pool, k), &transient).await {
+                        Outcome::Applied(_) => applied.push(k),
+                        Outcome::AlreadyDone {
+                            current: Order::Paid,
+                            first_result,
+                        } => {
+                            assert_eq!(first_result, Some(format!("receipt {k}")));
+                        }
+                        other => panic!("pay {k}: {other:?}"),
+                    },
+                    Call::Consume(k) => {
+                        let key = MessageKey::business(format!("message:{k}"), "paid").unwrap();
+                        match until_answered(|| consume(&pool, &inbox, &key, b"m", k), &transient)
+                            .await
+                        {
+                            Delivery::Processed(_) => processed.push(k),
+                            Delivery::Duplicate { first_result } => {
+                                assert_eq!(first_result, Some(k * 10))
+                            }
+                            other => panic!("consume {k}: {other:?}"),
+                        }
+                    }
+                }
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    while answered.load(Ordering::SeqCst) < total / 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    script(&["kill"]).await;
+    let queued_after_kill = calls.lock().unwrap().len();
+
+    let (mut applied, mut processed) = (Vec::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        let (a, p) = done.unwrap();
+        applied.extend(a);
+        processed.extend(p);
+    }
+    assert!(
+        queued_after_kill > 0,
+        "the primary died before the run ended"
+    );
+    assert!(
+        transient.load(Ordering::Relaxed) > 0,
+        "the failover interrupted no call"
+    );
+    // A call whose COMMIT the old primary made durable on the standby and did not answer
+    // was answered by its retry as a duplicate: at most one Applied per key.
+    applied.sort_unstable();
+    processed.sort_unstable();
+    assert!(applied.windows(2).all(|w| w[0] != w[1]), "{applied:?}");
+    assert!(processed.windows(2).all(|w| w[0] != w[1]), "{processed:?}");
+    let effects = |kind: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(i64, i64)> = sqlx::query_as(
+                "SELECT order_id, COUNT(*) FROM effects WHERE kind = $1 GROUP BY order_id ORDER BY order_id",
+            )
+            .bind(kind)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    assert_eq!(
+        effects("pay").await,
+        (1..=ORDERS).map(|k| (k, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        effects("consume").await,
+        (1..=MESSAGES).map(|k| (k, 1)).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "failover: the primary killed with {queued_after_kill} of {total} calls not yet begun; {} transient errors retried",
+        transient.load(Ordering::Relaxed)
+    );
+    pool.close().await;
+    script(&["rejoin"]).await;
+}
