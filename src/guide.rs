@@ -10,8 +10,8 @@
 //! - [`outbox`]: messages that commit with their effect, and the relay that publishes them.
 //! - [`cache`]: the Redis fast path: duplicates answered without a transaction (feature
 //!   `redis`).
-//! - [`scaling`]: past one database server — the ambiguous commit, MariaDB Galera, the test
-//!   clusters.
+//! - [`scaling`]: past one database server — the ambiguous commit, MariaDB Galera, PostgreSQL
+//!   failover, the test clusters.
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.
