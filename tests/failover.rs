@@ -38,20 +38,8 @@ fn failover_url() -> Option<String> {
 }
 
 /// Runs `scripts/pg-failover` with `args`, and fails the test if it fails.
-async fn script(args: &[&'static str]) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-failover");
-    let args: Vec<&'static str> = args.to_vec();
-    let output =
-        tokio::task::spawn_blocking(move || std::process::Command::new(path).args(&args).output())
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
-    assert!(
-        output.status.success(),
-        "scripts/pg-failover failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+async fn script(args: &[&str]) {
+    common::script("pg-failover", args).await;
 }
 
 #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]

@@ -100,20 +100,7 @@ pub async fn pool(url: &str, max_connections: u32) -> MySqlPool {
     }
 }
 
-/// Runs `scripts/galera` with `args` (the cluster's own script, under the environment the
-/// test runs in) and fails the test if it fails.
+/// Runs `scripts/galera` with `args`, and fails the test if it fails.
 pub async fn script(args: &[&str]) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/galera");
-    let owned: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let output =
-        tokio::task::spawn_blocking(move || std::process::Command::new(path).args(&owned).output())
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
-    assert!(
-        output.status.success(),
-        "scripts/galera {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    common::script("galera", args).await;
 }

@@ -285,3 +285,23 @@ pub fn scratch_file(name: &str) -> PathBuf {
     }
     path
 }
+
+/// Runs the repository's `scripts/{name}` (a test cluster's own script) with `args`, under
+/// the environment the test runs in, and fails the test if it fails.
+pub async fn script(name: &str, args: &[&str]) {
+    let path = format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR"));
+    let owned: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let command = path.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(command).args(&owned).output()
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
+    assert!(
+        output.status.success(),
+        "scripts/{name} {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
