@@ -11,7 +11,7 @@
 //! - [`cache`]: the Redis fast path: duplicates answered without a transaction (feature
 //!   `redis`).
 //! - [`scaling`]: past one database server — the ambiguous commit, MariaDB Galera, PostgreSQL
-//!   failover, the test clusters.
+//!   failover, pgbouncer, the test clusters.
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.

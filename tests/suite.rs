@@ -21,6 +21,8 @@ mod harness;
 mod http_client;
 #[path = "common/order.rs"]
 mod order;
+#[path = "common/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "common/proxy.rs"]
 mod proxy;
 #[path = "common/redis.rs"]
@@ -50,6 +52,7 @@ mod migrations;
 mod nats;
 mod outbox;
 mod outbox_brokers;
+mod pgbouncer_session;
 mod postgres_types;
 mod rabbitmq;
 mod races;
