@@ -35,7 +35,7 @@ pub enum ErrorClass {
     /// constraints; MySQL 1062): only that statement failed.
     Duplicate,
     /// The server ended the connection or cannot serve yet: it is shutting down, crashed,
-    /// is starting up or recovering (PostgreSQL's connection exceptions, class 08, and
+    /// is starting up or recovering (PostgreSQL's connection exceptions, class 08 but 08P01, and
     /// 57P01–57P03, as a failover cuts its connections; MySQL's server shutdown 1053, a
     /// killed connection 1927, and 1047, a Galera node that is not part of the cluster's
     /// primary component). The transaction is gone; on another connection, perhaps to
@@ -133,7 +133,9 @@ impl Dialect {
                 // admin_shutdown (also "terminating connection due to unexpected postmaster
                 // exit"), crash_shutdown, cannot_connect_now (starting up, in recovery)
                 "57P01" | "57P02" | "57P03" => ErrorClass::Unavailable,
-                code if code.starts_with("08") => ErrorClass::Unavailable,
+                // connection exceptions, but a protocol violation (08P01): a bug, not the
+                // server going away
+                code if code.starts_with("08") && code != "08P01" => ErrorClass::Unavailable,
                 _ => ErrorClass::Other,
             },
             Dialect::Sqlite => match code.parse::<u32>() {
@@ -187,6 +189,7 @@ mod tests {
         for gone in ["57P01", "57P02", "57P03", "08006", "08003"] {
             assert_eq!(pg.error(gone), ErrorClass::Unavailable, "{gone}");
         }
+        assert_eq!(pg.error("08P01"), ErrorClass::Other);
         let lite = Dialect::Sqlite;
         // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT (517), SQLITE_LOCKED_SHAREDCACHE (262)
         for busy in ["5", "517", "6", "262"] {
