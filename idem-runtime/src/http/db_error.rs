@@ -4,7 +4,6 @@ use crate::http::problem::Problem;
 use axum_core::body::Body;
 use axum_core::response::IntoResponse;
 use http::{Response, StatusCode};
-use std::time::Duration;
 
 /// A statement of the handler failed: answer with this (`?` on an `sqlx::Error` in a
 /// handler returning `Result<_, DbError>`), and the client learns whether to retry.
@@ -51,13 +50,11 @@ impl IntoResponse for DbError {
     fn into_response(self) -> Response<Body> {
         if crate::is_transient(&self.0) {
             tracing::warn!(error = %self.0, "idem: a statement of the handler failed; the client may retry");
-            let mut problem = Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+            Problem::unavailable(
                 "Database conflict",
                 "the request lost a conflict with another one, or its connection; nothing was kept, retry with the same key",
-            );
-            problem.retry_after = Some(Duration::from_secs(1));
-            problem.into_response()
+            )
+            .into_response()
         } else {
             tracing::error!(error = %self.0, "idem: a statement of the handler failed");
             Problem::new(

@@ -36,6 +36,13 @@ impl Problem {
         }
     }
 
+    /// A 503 with `Retry-After: 1`: the same request may be retried with its key.
+    pub(crate) fn unavailable(title: &'static str, detail: impl Into<String>) -> Self {
+        let mut problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, title, detail);
+        problem.retry_after = Some(Duration::from_secs(1));
+        problem
+    }
+
     pub(crate) fn into_response(self) -> Response<Body> {
         let body = Json {
             r#type: "about:blank",

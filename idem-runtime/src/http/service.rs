@@ -236,11 +236,12 @@ fn commit_failed(e: &Error<Infallible>) -> Response<Body> {
             "the request's changes could not be committed; nothing was stored, retry with the same key",
         );
     }
-    unavailable(
+    Problem::unavailable(
         "Commit not confirmed",
         "the database did not confirm the request's commit; retry with the same key: if it \
          committed, its response is replayed, and it never runs twice",
     )
+    .into_response()
 }
 
 /// The response's body to send, and its stored form: with the body when it is kept, or
@@ -588,7 +589,7 @@ fn database_error(e: &Error<Infallible>) -> Response<Body> {
     tracing::error!(error = %e, "idem: the idempotency key could not be recorded");
     let detail = "the request's key could not be recorded; nothing ran, retry with the same key";
     if e.is_transient() {
-        unavailable("Database busy", detail)
+        Problem::unavailable("Database busy", detail).into_response()
     } else {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -597,11 +598,4 @@ fn database_error(e: &Error<Infallible>) -> Response<Body> {
         )
         .into_response()
     }
-}
-
-/// A 503 with `Retry-After: 1`: the same request may be retried with its key.
-fn unavailable(title: &'static str, detail: &str) -> Response<Body> {
-    let mut problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, title, detail);
-    problem.retry_after = Some(Duration::from_secs(1));
-    problem.into_response()
 }
