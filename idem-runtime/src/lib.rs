@@ -25,7 +25,9 @@ mod work;
 
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
-pub use backend::{Backend, Dialect, is_conflict_source, is_transient};
+pub use backend::{
+    Backend, Dialect, PostgresStatements, is_conflict_source, is_transient, set_postgres_statements,
+};
 pub use error::{Error, RowProblem};
 pub use inbox::delivery::{Consumed, ConsumedTransition};
 pub use inbox::migrate;

@@ -25,10 +25,32 @@ pub struct OwnPgbouncer {
     dir: PathBuf,
 }
 
+/// A database of pgbouncer's: a name clients connect to, the server's database it stands
+/// for, and the schema each of its server connections searches first (pgbouncer's
+/// `connect_query`: a session's own `SET` does not outlive its transaction in transaction
+/// pooling).
+#[derive(Clone, Copy, Debug)]
+pub struct Alias<'a> {
+    pub name: &'a str,
+    pub database: &'a str,
+    pub search_path: &'a str,
+}
+
 impl OwnPgbouncer {
     /// Starts one in front of `upstream` (`host:port`), or `None` (test skipped) when the
     /// binary is missing and servers are optional.
     pub fn start(upstream: (&str, u16), pooling: Pooling) -> Option<OwnPgbouncer> {
+        Self::start_with(upstream, pooling, 40, None)
+    }
+
+    /// [`start`](Self::start), with at most `pool_size` server connections a database and
+    /// user, and `alias` among its databases.
+    pub fn start_with(
+        upstream: (&str, u16),
+        pooling: Pooling,
+        pool_size: u32,
+        alias: Option<Alias<'_>>,
+    ) -> Option<OwnPgbouncer> {
         let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists());
@@ -49,19 +71,29 @@ impl OwnPgbouncer {
         let dir =
             std::env::temp_dir().join(format!("idem-pgbouncer-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mode = match pooling {
-            Pooling::Session => "session",
-            Pooling::Transaction => "transaction",
+        // In transaction pooling, the server connections are lent in turn (not the one
+        // released last first): a client's next exchange meets another server connection
+        // whenever one is idle, as it would under load.
+        let (mode, round_robin) = match pooling {
+            Pooling::Session => ("session", 0),
+            Pooling::Transaction => ("transaction", 1),
         };
         let (host, upstream_port) = upstream;
+        let alias = alias.map_or(String::new(), |a| {
+            format!(
+                "{} = host={host} port={upstream_port} dbname={} connect_query='SET search_path TO {}'\n",
+                a.name, a.database, a.search_path
+            )
+        });
         std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
         std::fs::write(
             dir.join("pgbouncer.ini"),
             format!(
-                "[databases]\n* = host={host} port={upstream_port}\n\
+                "[databases]\n{alias}* = host={host} port={upstream_port}\n\
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
                  unix_socket_dir =\nauth_type = trust\nauth_file = {auth}\n\
-                 pool_mode = {mode}\nmax_client_conn = 500\ndefault_pool_size = 40\n\
+                 pool_mode = {mode}\nmax_client_conn = 500\ndefault_pool_size = {pool_size}\n\
+                 server_round_robin = {round_robin}\n\
                  ignore_startup_parameters = extra_float_digits\n\
                  logfile = {log}\n",
                 auth = dir.join("userlist.txt").display(),

@@ -1,6 +1,6 @@
 //! The two primitives every backend provides, written once over sqlx's generic API.
 
-use super::{Dialect, Param, Record, Value};
+use super::{Dialect, Param, Record, Value, pooler::unnamed};
 use idem_sql::placeholder::positional;
 use sqlx::{Column, Database, Decode, Executor, IntoArguments, Row, Type, ValueRef};
 use std::borrow::Cow;
@@ -22,7 +22,7 @@ where
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let (sql, params) = placed(dialect, sql, params)?;
-    let Some(row) = prepare::<DB>(&sql, &params)
+    let Some(row) = prepare::<DB>(dialect, &sql, &params)
         .fetch_optional(&mut *conn)
         .await?
     else {
@@ -48,7 +48,9 @@ where
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let (sql, params) = placed(dialect, sql, params)?;
-    let rows = prepare::<DB>(&sql, &params).fetch_all(&mut *conn).await?;
+    let rows = prepare::<DB>(dialect, &sql, &params)
+        .fetch_all(&mut *conn)
+        .await?;
     rows.iter().map(|row| decoded::<DB>(row, true)).collect()
 }
 
@@ -109,7 +111,9 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
     let (sql, params) = placed(dialect, sql, params)?;
-    let done = prepare::<DB>(&sql, &params).execute(&mut *conn).await?;
+    let done = prepare::<DB>(dialect, &sql, &params)
+        .execute(&mut *conn)
+        .await?;
     Ok(rows_affected(&done))
 }
 
@@ -192,7 +196,7 @@ pub(super) use run_generically;
 pub(super) type Query<'a, DB> = sqlx::query::Query<'a, DB, <DB as Database>::Arguments<'a>>;
 
 /// How a backend binds each kind of [`Param`].
-pub(super) trait Bind: Database {
+pub(super) trait Bind: Database + sqlx::database::HasStatementCache {
     /// `query` with `param` bound as its next parameter.
     fn bind<'a>(query: Query<'a, Self>, param: Param<'a>) -> Query<'a, Self>;
 }
@@ -257,8 +261,10 @@ macro_rules! bind_column {
 #[allow(unused_imports)]
 pub(super) use bind_column;
 
-fn prepare<'a, DB: Bind>(sql: &'a str, params: &'a [Param<'a>]) -> Query<'a, DB> {
-    let mut query = sqlx::query::<DB>(sql);
+/// `sql` with `params` bound: a named prepared statement, cached by the driver, unless
+/// statements on `dialect` are unnamed ([`pooler`](super::pooler)).
+fn prepare<'a, DB: Bind>(dialect: Dialect, sql: &'a str, params: &'a [Param<'a>]) -> Query<'a, DB> {
+    let mut query = sqlx::query::<DB>(sql).persistent(!unnamed(dialect));
     for param in params {
         query = DB::bind(query, *param);
     }

@@ -15,6 +15,8 @@ mod generic;
 
 mod conflict;
 pub(crate) mod ddl;
+mod opened;
+mod pooler;
 mod writers;
 
 #[cfg(feature = "any")]
@@ -28,6 +30,8 @@ mod sqlite;
 
 pub(crate) use conflict::carries;
 pub use conflict::is_conflict_source;
+pub(crate) use opened::Opened;
+pub use pooler::{PostgresStatements, set_postgres_statements};
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
 use writers::wait_turn;

@@ -3,7 +3,7 @@
 //! pool can take their address).
 
 use super::Attached;
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Opened, Param};
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -67,13 +67,15 @@ pub(crate) fn attached_ttl<DB: Backend>(pool: &sqlx::Pool<DB>) -> Option<Duratio
 /// The name of the database `pool` works in; for a database without one (SQLite in
 /// memory, which no other process can share), a name unique to this process.
 pub(crate) async fn identity<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<String, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let statement = DB::dialect(&conn)?.database_identity();
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let statement = DB::dialect(conn)?.database_identity();
     let no_params: [Param<'_>; 0] = [];
-    let name = DB::fetch(&mut conn, statement, &no_params)
+    let name = DB::fetch(conn, statement, &no_params)
         .await?
         .and_then(|mut row| row.take_text("identity"))
         .unwrap_or_default();
+    opened.end(true).await?;
     if !name.is_empty() {
         return Ok(name);
     }

@@ -35,7 +35,7 @@ pub use sql::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
 use crate::backend::ddl::{Ddl, install};
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Opened, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::value::key::{KeyError, valid_text};
@@ -363,12 +363,14 @@ impl Inbox {
     /// redelivery takes each over; until then, nothing moves. Export it as a gauge and alert
     /// when it stays above zero.
     pub async fn stuck<DB: Backend>(&self, pool: &Pool<DB>) -> Result<Stuck, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        let statement = &DB::dialect(&conn)?.inbox().stuck;
+        let mut opened = Opened::read(pool).await?;
+        let conn = opened.connection();
+        let statement = &DB::dialect(conn)?.inbox().stuck;
         let params = [Param::Text(&self.group), self.at()];
-        let row = DB::fetch(&mut conn, statement, &params)
+        let row = DB::fetch(conn, statement, &params)
             .await?
             .unwrap_or_default();
+        opened.end(true).await?;
         Ok(Stuck {
             count: row.int("stuck").map_or(0, |n| n.max(0) as u64),
             oldest_lease_until_millis: row.int("oldest"),

@@ -1,7 +1,7 @@
 //! Checking a live database against a machine's declaration, at start-up: one report with
 //! every problem, instead of the first failing transition in production.
 
-use crate::backend::{Backend, Dialect, Param};
+use crate::backend::{Backend, Dialect, Opened, Param};
 use crate::machine::definition::Machine;
 use idem_sql::catalog::{ColumnsOf, TypeKind};
 use sqlx::Pool;
@@ -99,9 +99,17 @@ const SHOWN_STATES: usize = 10;
 /// # Ok(()) }
 /// ```
 pub async fn verify<M: Machine, DB: Backend>(pool: &Pool<DB>) -> Result<SchemaReport, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let report = report::<M, DB>(opened.connection()).await?;
+    opened.end(true).await?;
+    Ok(report)
+}
+
+/// [`verify`]'s report, read on `conn`.
+async fn report<M: Machine, DB: Backend>(
+    conn: &mut DB::Connection,
+) -> Result<SchemaReport, sqlx::Error> {
     let definition = M::DEFINITION;
-    let mut conn = pool.acquire().await?;
-    let conn: &mut DB::Connection = &mut conn;
     let dialect = DB::dialect(conn)?;
     let mut problems = Vec::new();
     let table = definition.table;

@@ -38,7 +38,7 @@ pub use relay::{Outgoing, PublishError, Published, Publisher, Relay, RelayHandle
 pub(crate) use stage::stage_in;
 pub use stage::{set_notify, stage};
 
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Opened, Param};
 use crate::error::Error;
 use crate::work::observe::Labels;
 use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only};
@@ -147,11 +147,13 @@ pub struct Backlog {
 /// alert when `dead` is above zero (a spawned relay with the feature `metrics` exports
 /// `idem_outbox_pending` and `idem_outbox_oldest_pending_seconds` itself).
 pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let sql = DB::dialect(&conn)?.outbox();
-    let row = DB::fetch(&mut conn, &sql.backlog, &[])
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let row = DB::fetch(conn, &sql.backlog, &[])
         .await?
         .unwrap_or_default();
+    opened.end(true).await?;
     Ok(Backlog {
         pending: row.int("pending").map_or(0, |n| n.max(0) as u64),
         dead: row.int("dead").map_or(0, |n| n.max(0) as u64),
@@ -188,9 +190,11 @@ pub async fn dead<DB: Backend>(
     pool: &Pool<DB>,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let sql = DB::dialect(&conn)?.outbox();
-    let rows = DB::fetch_all(&mut conn, &sql.dead, &[Param::Int(i64::from(limit))]).await?;
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let rows = DB::fetch_all(conn, &sql.dead, &[Param::Int(i64::from(limit))]).await?;
+    opened.end(true).await?;
     Ok(rows
         .into_iter()
         .map(|mut row| DeadMessage {

@@ -32,10 +32,7 @@
 //! plans too, whose stage always ends the call (they have no body in the database), so they
 //! share the begin, the conflict retry, the span and the once-only counting.
 
-use crate::backend::{
-    Backend, Database, Dialect, WriterGuard, acquire_write, begin_write, begin_write_within,
-    holding, is_conflict,
-};
+use crate::backend::{Backend, Database, Dialect, Opened, WriterGuard, holding, is_conflict};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::outbox::effect::{CallScope, within};
@@ -376,50 +373,6 @@ fn observed<'c, DB: Backend, P: Plan<DB>>(
         Begun::Done(done) => {
             labels.ended(&span, done.as_ref().map(P::outcome_name));
             Begun::Done(done)
-        }
-    }
-}
-
-/// Where a unit of work from a pool runs its stages: a write transaction, or a connection
-/// in autocommit (see [`Plan::autocommit`]).
-enum Opened<DB: Backend> {
-    Transaction(Transaction<'static, DB>),
-    Autocommit(sqlx::pool::PoolConnection<DB>),
-}
-
-impl<DB: Backend> Opened<DB> {
-    /// Opens one, after the writer's turn (within the plan's patience, if it has one);
-    /// `None` if the patience ran out.
-    async fn open(
-        pool: &Pool<DB>,
-        autocommit: bool,
-        patience: Option<Duration>,
-    ) -> Result<Option<(Self, Option<WriterGuard>)>, sqlx::Error> {
-        if autocommit {
-            let opened = acquire_write(pool, patience).await?;
-            return Ok(opened.map(|(conn, writer)| (Opened::Autocommit(conn), writer)));
-        }
-        let begun = match patience {
-            None => Some(begin_write(pool).await?),
-            Some(patience) => begin_write_within(pool, patience).await?,
-        };
-        Ok(begun.map(|(tx, writer)| (Opened::Transaction(tx), writer)))
-    }
-
-    fn connection(&mut self) -> &mut DB::Connection {
-        match self {
-            Opened::Transaction(tx) => tx,
-            Opened::Autocommit(conn) => conn,
-        }
-    }
-
-    /// Ends it: commits or rolls back the transaction; an autocommit connection has
-    /// nothing left to end.
-    async fn end(self, commit: bool) -> Result<(), sqlx::Error> {
-        match self {
-            Opened::Transaction(tx) if commit => tx.commit().await,
-            Opened::Transaction(tx) => tx.rollback().await,
-            Opened::Autocommit(_) => Ok(()),
         }
     }
 }
