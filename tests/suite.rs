@@ -3,8 +3,9 @@
 //! fault hook for its whole process), `tests/statements.rs` (a global tracing subscriber
 //! logs every statement), `tests/observability.rs` (its subscribers must see every span,
 //! and a callsite first hit by another test's thread while one is being set up can stay
-//! disabled for it: a span went missing so, once in a full run) and `tests/ui.rs`
-//! (trybuild) stay binaries of their own.
+//! disabled for it: a span went missing so, once in a full run),
+//! `tests/pgbouncer_transaction.rs` (it sets `idem::set_postgres_statements` for its whole
+//! process) and `tests/ui.rs` (trybuild) stay binaries of their own.
 //!
 //! One file's tests: `cargo test -p idem --test suite -- http::` (its module's name).
 

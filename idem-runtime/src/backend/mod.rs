@@ -31,6 +31,8 @@ mod sqlite;
 pub(crate) use conflict::carries;
 pub use conflict::is_conflict_source;
 pub(crate) use opened::Opened;
+#[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
+pub(crate) use pooler::unnamed;
 pub use pooler::{PostgresStatements, set_postgres_statements};
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;

@@ -24,8 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// (parsed at each execution), and what idem would otherwise run outside a transaction —
 /// the one-statement form, [`Inbox::stuck`](crate::inbox::Inbox::stuck),
 /// [`outbox::backlog`](crate::outbox::backlog), [`verify`](crate::verify()) — runs between
-/// `BEGIN` and `COMMIT`, where the pooler keeps one server connection. It changes
-/// statements and round trips, never outcomes. The statements of your handlers' bodies
+/// `BEGIN` and `COMMIT`, where the pooler keeps one server connection; and a spawned
+/// outbox relay polls instead of `LISTEN`ing through the pool (see
+/// [`Relay::notifications`](crate::outbox::Relay::notifications)). It changes statements
+/// and round trips, never outcomes. The statements of your handlers' bodies
 /// are yours: send them unnamed too (`sqlx::query(…).persistent(false)`), and only inside
 /// a transaction.
 ///

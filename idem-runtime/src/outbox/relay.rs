@@ -230,7 +230,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// Whether a spawned relay on PostgreSQL `LISTEN`s for the notification a message's
     /// commit sends (the default), or only polls: off behind a pooler that cannot hold a
-    /// listening session (pgbouncer in transaction pooling). Elsewhere it always polls.
+    /// listening session (pgbouncer in transaction pooling), and so whatever this says
+    /// while idem's statements are [unnamed](crate::PostgresStatements::Unnamed) — give
+    /// such a relay a pool on the server itself to have it listen. Elsewhere it always
+    /// polls.
     pub fn notifications(mut self, listen: bool) -> Self {
         self.notifications = listen;
         self
@@ -775,7 +778,11 @@ impl Wake {
         {
             let pool: &dyn std::any::Any = pool;
             let listener = match pool.downcast_ref::<Pool<sqlx::Postgres>>() {
-                Some(pool) if notifications => listening(pool).await,
+                // Behind a transaction pooler (statements unnamed), the session that
+                // ran LISTEN goes back to the pooler's pool with the transaction.
+                Some(pool) if notifications && !crate::backend::unnamed(Dialect::Postgres) => {
+                    listening(pool).await
+                }
                 _ => None,
             };
             Wake { listener }
