@@ -12,7 +12,7 @@ use idem::{Error, Outcome};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -98,6 +98,7 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
     let Some(url) = failover_url() else { return };
     // A node an earlier run killed and did not rejoin (it failed) follows the primary again.
     script(&["heal"]).await;
+    let before = refused_nodes(&url).await;
     let schema = "idem_test_failover";
     let admin = PgPool::connect(&url).await.unwrap();
     sqlx::raw_sql(&format!(
@@ -117,19 +118,7 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(2))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if standby {
-                    let refused =
-                        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "a standby");
-                    return Err(sqlx::Error::Io(refused));
-                }
-                Ok(())
-            })
-        })
+        .after_connect(|conn, _| Box::pin(idem::refuse_standby(conn)))
         .connect_with(options)
         .await
         .unwrap();
@@ -245,4 +234,37 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
     );
     pool.close().await;
     script(&["rejoin"]).await;
+    // The killed node came back as the standby: the check now refuses it, and admits the
+    // promoted one.
+    let after = refused_nodes(&url).await;
+    assert_eq!(
+        after,
+        before.iter().map(|refused| !refused).collect::<Vec<_>>(),
+        "the roles swapped"
+    );
+}
+
+/// Which of the pair's two nodes (on the two ports after HAProxy's) `idem::refuse_standby`
+/// refuses, each asked on a connection of its own: exactly one, the standby, with an error
+/// a caller retries.
+async fn refused_nodes(url: &str) -> Vec<bool> {
+    let through = PgConnectOptions::from_str(url).unwrap();
+    let mut refused = Vec::new();
+    for node in 1..=2 {
+        let options = through.clone().port(through.get_port() + node);
+        let mut conn = sqlx::PgConnection::connect_with(&options).await.unwrap();
+        match idem::refuse_standby(&mut conn).await {
+            Ok(()) => refused.push(false),
+            Err(e) => {
+                assert!(idem::is_transient(&e), "{e}");
+                refused.push(true);
+            }
+        }
+    }
+    assert_eq!(
+        refused.iter().filter(|r| **r).count(),
+        1,
+        "one primary, one standby: {refused:?}"
+    );
+    refused
 }

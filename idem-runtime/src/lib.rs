@@ -23,6 +23,8 @@ mod transition;
 mod value;
 mod work;
 
+#[cfg(feature = "postgres")]
+pub use backend::refuse_standby;
 #[cfg(feature = "sqlite")]
 pub use backend::sqlite_options;
 pub use backend::{

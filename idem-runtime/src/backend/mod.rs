@@ -34,6 +34,8 @@ pub(crate) use opened::Opened;
 #[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use pooler::unnamed;
 pub use pooler::{PostgresStatements, set_postgres_statements};
+#[cfg(feature = "postgres")]
+pub use postgres::refuse_standby;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
 use writers::wait_turn;

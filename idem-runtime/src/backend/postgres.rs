@@ -76,3 +76,40 @@ impl Backend for Postgres {
         sqlx::postgres::PgQueryResult
     );
 }
+
+/// Refuses a connection to a PostgreSQL server in recovery (a standby, or a primary being
+/// promoted that cannot write yet): for a pool's `after_connect`, so that a pool behind a
+/// proxy that can send a connection to the wrong node opens another instead.
+///
+/// A failover proxy's health check (HAProxy asking Patroni's `GET /primary`) can answer
+/// for a node a moment before its promotion ends; a connection opened then fails its first
+/// write with `25006` ("cannot execute … in a read-only transaction"), which no retry is
+/// told to cure. Refused here, the connection never reaches a call: the pool's `acquire`
+/// fails with this I/O error (transient: [`is_transient`](crate::is_transient) is `true`, so
+/// idem's callers retry) or, within its `acquire_timeout`, opens one on the new primary.
+///
+/// It asks with one simple-protocol query (no prepared statement), so it also works through
+/// a pooler in transaction mode.
+///
+/// ```
+/// use sqlx::postgres::PgPoolOptions;
+///
+/// let options = PgPoolOptions::new()
+///     .acquire_timeout(std::time::Duration::from_secs(2))
+///     .after_connect(|conn, _| Box::pin(idem::refuse_standby(conn)));
+/// # let _ = options;
+/// ```
+pub async fn refuse_standby(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Row;
+    // A query without arguments runs on the simple protocol (and its future is `Send`
+    // for any borrow of the connection, as `after_connect` needs).
+    let row = sqlx::Executor::fetch_one(conn, "SELECT pg_is_in_recovery()").await?;
+    if row.try_get::<bool, _>(0)? {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "idem: the server is in recovery (a standby), not the primary",
+        );
+        return Err(sqlx::Error::Io(refused));
+    }
+    Ok(())
+}
