@@ -7,12 +7,13 @@
 
 use crate::common;
 use crate::order::Order;
+use crate::pg_forms::{consume, pay};
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{Error, Outcome};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgPool};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,31 +41,6 @@ fn failover_url() -> Option<String> {
 /// Runs `scripts/pg-failover` with `args`, and fails the test if it fails.
 async fn script(args: &[&str]) {
     common::script("pg-failover", args).await;
-}
-
-#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
-async fn pay(tx: &mut Transaction<'_, Postgres>, order_id: i64) -> Result<String, sqlx::Error> {
-    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 0)")
-        .bind(order_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(format!("receipt {order_id}"))
-}
-
-#[idem::idempotent(inbox = "inbox", message = "key", payload = "payload")]
-async fn consume(
-    tx: &mut Transaction<'_, Postgres>,
-    inbox: &Inbox,
-    key: &MessageKey,
-    payload: &[u8],
-    order_id: i64,
-) -> Result<i64, sqlx::Error> {
-    let _ = payload;
-    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'consume', 0)")
-        .bind(order_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(order_id * 10)
 }
 
 /// Calls `call` until it answers, retrying every transient error (counted) for up to 60 s.

@@ -22,6 +22,8 @@ mod harness;
 mod http_client;
 #[path = "common/order.rs"]
 mod order;
+#[path = "common/pg_forms.rs"]
+mod pg_forms;
 #[path = "common/pgbouncer.rs"]
 mod pgbouncer;
 #[path = "common/proxy.rs"]
