@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// [`Unnamed`](Self::Unnamed) avoids both for every statement idem sends: each is unnamed
 /// (parsed at each execution), and what idem would otherwise run outside a transaction —
 /// the one-statement form, [`Inbox::stuck`](crate::inbox::Inbox::stuck),
-/// [`outbox::backlog`](crate::outbox::backlog), [`verify`](crate::verify()) — runs between
+/// [`outbox::backlog`](crate::outbox::backlog), [`outbox::dead`](crate::outbox::dead),
+/// [`verify`](crate::verify()) — runs between
 /// `BEGIN` and `COMMIT`, where the pooler keeps one server connection; and a spawned
 /// outbox relay polls instead of `LISTEN`ing through the pool (see
 /// [`Relay::notifications`](crate::outbox::Relay::notifications)). It changes statements
