@@ -1,9 +1,11 @@
 //! Handlers inside a transaction the caller owns: several transitions of different
 //! machines in one transaction, a handler called from another handler's body, refusals and
-//! errors that leave the caller's earlier work intact, on SQLite and PostgreSQL.
+//! errors that leave the caller's earlier work intact, several deliveries of an inbox in one
+//! transaction (a batch, duplicates within it), on SQLite, PostgreSQL and MariaDB.
 
 use crate::common;
 
+use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{Error, Outcome, StateMachine};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,24 @@ macro_rules! composition_tests {
                     return Err(sqlx::Error::Protocol("failed after the inner handler".into()));
                 }
                 Ok(format!("{reserved:?}"))
+            }
+
+            /// A message handler whose body fails when told to, after its effect.
+            #[idem::idempotent(inbox = "inbox", message = "key", payload = "payload")]
+            async fn consume(
+                tx: &mut Transaction<'_, $db>,
+                inbox: &Inbox,
+                key: &MessageKey,
+                payload: &[u8],
+                order_id: i64,
+                fail: bool,
+            ) -> Result<i64, sqlx::Error> {
+                let _ = payload;
+                effect(tx, order_id, "consume").await?;
+                if fail {
+                    return Err(sqlx::Error::Protocol("declined".into()));
+                }
+                Ok(order_id * 10)
             }
 
             async fn effect(tx: &mut Transaction<'_, $db>, order_id: i64, kind: &str) -> Result<(), sqlx::Error> {
@@ -192,6 +212,40 @@ macro_rules! composition_tests {
                 assert!(done.is_applied(), "{done:?}");
                 assert_eq!((status(&pool, 3).await.as_str(), stock(&pool, "sku-2").await.as_str()), ("CANCELLED", "RESERVED"));
                 assert_eq!((count(&pool, "reserve").await, count(&pool, "cancel").await), (1, 1));
+            }
+
+            /// A batch: several deliveries in one transaction of the caller's, one commit. A
+            /// message delivered twice in it applies once (its second delivery replays the
+            /// first result), a failing body or a conflicting payload touches its own delivery
+            /// alone, and the failed message applies in a later batch.
+            #[tokio::test]
+            async fn deliveries_batched_in_the_callers_transaction_apply_once_each() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("batch").unwrap();
+                let key = |m: i64| MessageKey::business(format!("m:{m}"), "paid").unwrap();
+                let mut tx = $begin(&pool).await;
+                assert_eq!(consume(&mut tx, &inbox, &key(1), b"1", 1, false).await.unwrap(), Delivery::Processed(10));
+                assert_eq!(consume(&mut tx, &inbox, &key(2), b"2", 2, false).await.unwrap(), Delivery::Processed(20));
+                assert_eq!(
+                    consume(&mut tx, &inbox, &key(1), b"1", 1, false).await.unwrap(),
+                    Delivery::Duplicate { first_result: Some(10) }
+                );
+                assert!(matches!(
+                    consume(&mut tx, &inbox, &key(3), b"3", 3, true).await,
+                    Err(Error::Handler(_))
+                ));
+                assert_eq!(consume(&mut tx, &inbox, &key(2), b"other", 2, false).await.unwrap(), Delivery::Conflict);
+                tx.commit().await.unwrap();
+                assert_eq!(count(&pool, "consume").await, 2, "messages 1 and 2, once each");
+
+                let mut tx = $begin(&pool).await;
+                assert_eq!(consume(&mut tx, &inbox, &key(3), b"3", 3, false).await.unwrap(), Delivery::Processed(30));
+                assert_eq!(
+                    consume(&mut tx, &inbox, &key(1), b"1", 1, false).await.unwrap(),
+                    Delivery::Duplicate { first_result: Some(10) }
+                );
+                tx.commit().await.unwrap();
+                assert_eq!(count(&pool, "consume").await, 3);
             }
 
             #[tokio::test]
