@@ -27,8 +27,11 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 
 use chart::median;
+use env::env_usize;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -152,14 +155,8 @@ async fn deliver(pool: &PgPool, messages: &[i64], batch: Option<usize>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let keys = std::env::var("IDEM_BENCH_KEYS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000i64);
-    let rounds = std::env::var("IDEM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5u64);
+    let keys = env_usize("IDEM_BENCH_KEYS", 2000) as i64;
+    let rounds = env_usize("IDEM_BENCH_ROUNDS", 5) as u64;
     let Some(url) = std::env::var("IDEM_BENCH_POSTGRES_URL")
         .ok()
         .filter(|u| !u.is_empty())

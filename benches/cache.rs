@@ -29,10 +29,13 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 #[path = "../tests/common/statement_log.rs"]
 mod statement_log;
 
 use chart::median;
+use env::env_usize;
 use idem::cache::{self, Redis, redis};
 use idem::inbox::{Inbox, MessageKey};
 use rand::SeedableRng;
@@ -45,13 +48,6 @@ use std::time::{Duration, Instant};
 const COPIES: usize = 10;
 const STORM_TASKS: usize = 32;
 const FIRST_TASKS: usize = 8;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn url(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|u| !u.is_empty())

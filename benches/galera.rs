@@ -26,8 +26,11 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 
 use chart::median;
+use env::env_usize;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -38,13 +41,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TASKS: usize = 32;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "orders", key = "order_id", state = "status")]

@@ -27,6 +27,8 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 
 use axum::Router;
 use axum::extract::State;
@@ -34,6 +36,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
+use env::env_usize;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use idem::http::{IdempotencyLayer, Tx};
@@ -47,13 +50,6 @@ use std::time::{Duration, Instant};
 const ROUTES: [&str; 4] = ["plain", "idem", "by-hand", "by-hand-inbox"];
 /// The route the others are compared with.
 const BASELINE: usize = 2;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn now_millis() -> i64 {
     std::time::SystemTime::now()

@@ -33,8 +33,11 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 
 use chart::median;
+use env::env_usize;
 use futures_util::future::join_all;
 use idem::StateMachine;
 use idem::outbox::{self, Message, Outgoing, PublishError, Published, Publisher, Relay};
@@ -56,13 +59,6 @@ enum Order {
     Created,
     #[state(name = "PAID")]
     Paid,
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// A number no earlier call in this process returned.

@@ -29,6 +29,8 @@
 
 #[path = "support/chart.rs"]
 mod chart;
+#[path = "support/env.rs"]
+mod env;
 #[path = "../tests/common/pgbouncer.rs"]
 mod pgbouncer;
 
@@ -40,6 +42,7 @@ mod common {
 }
 
 use chart::median;
+use env::env_usize;
 use idem::{Outcome, PostgresStatements};
 use pgbouncer::{OwnPgbouncer, Pooling};
 use rand::SeedableRng;
@@ -52,13 +55,6 @@ use std::time::Instant;
 
 const TASKS: usize = 16;
 const DATABASE: &str = "idem_bench_pgbouncer";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(table = "orders", key = "order_id", state = "status")]

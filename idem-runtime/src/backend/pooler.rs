@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// - **named prepared statements**, which sqlx sends by default and caches per client
 ///   connection: the next transaction may run on a server connection that has never seen
 ///   the statement (`prepared statement "sqlx_s_1" does not exist`), or that another client
-///   already prepared it on (`… already exists`) — even with sqlx's statement cache at 0;
+///   already prepared it on (`… already exists`), or where another client's statement of
+///   the same name runs with this client's values — even with sqlx's statement cache at 0;
 /// - **an unnamed statement outside a transaction**: sqlx parses it and executes it in two
 ///   exchanges, and between them the pooler may hand the server connection to another
 ///   client, whose own statement then replaces it (the bind fails, or runs the other
