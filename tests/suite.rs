@@ -32,6 +32,7 @@ mod proxy;
 mod redis_server;
 
 mod ambiguous_commit;
+mod batches;
 mod cache;
 mod chain;
 mod clocks;

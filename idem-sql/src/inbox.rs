@@ -120,6 +120,95 @@ pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
 /// that need to know it (a leased claim reports when its lease ends).
 pub const NOW: &str = "SELECT COALESCE($1, {now}) AS now";
 
+/// A batch of deliveries: the records of every message that has none, in one statement.
+/// `$1` group, `$2` the messages as a JSON array of `{"k": key, "f": fingerprint}`, keys
+/// distinct and in order, `$3` now (NULL: the database's). A key already recorded is left
+/// as it is. A record this statement inserts carries the lease `-1`, which no lease ever
+/// is (leases end at a time since the epoch): it marks, inside the batch's transaction,
+/// the records the batch made, and the batch's last statements clear it before the
+/// commit, so no other transaction ever sees it.
+pub const BATCH_INSERT: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
+    SELECT $1, j.k, j.f, 'SUCCESS', 1, -1, COALESCE($3, {now}), COALESCE($3, {now}) \
+    FROM json_to_recordset(CAST($2 AS json)) AS j(k text, f text) \
+    ON CONFLICT (consumer_group, message_key) DO NOTHING";
+
+/// [`BATCH_INSERT`] on SQLite (`json_each`; `WHERE true` tells its parser that `ON
+/// CONFLICT` is the upsert clause, not a join's).
+pub const BATCH_INSERT_SQLITE: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
+    SELECT $1, json_extract(j.value, '$.k'), json_extract(j.value, '$.f'), 'SUCCESS', 1, -1, \
+    COALESCE($3, {now}), COALESCE($3, {now}) \
+    FROM json_each($2) AS j WHERE true \
+    ON CONFLICT (consumer_group, message_key) DO NOTHING";
+
+/// [`BATCH_INSERT`] on MySQL/MariaDB (`JSON_TABLE`: MySQL 8, MariaDB 10.6). `IGNORE`
+/// skips a recorded key; it would also turn a value too long for its column into a
+/// truncated one, but every value is checked before (keys and groups of at most 255
+/// bytes, fingerprints of 64), and a missing one is an error (`ERROR ON EMPTY`), never
+/// an empty string.
+pub const BATCH_INSERT_MYSQL: &str = "INSERT IGNORE INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
+    SELECT $1, j.k, j.f, 'SUCCESS', 1, -1, COALESCE($3, {now}), COALESCE($3, {now}) \
+    FROM JSON_TABLE($2, '$[*]' COLUMNS (\
+    k VARBINARY(255) PATH '$.k' ERROR ON EMPTY, f VARCHAR(64) PATH '$.f' ERROR ON EMPTY)) AS j";
+
+/// A batch's records, one probe of the primary key each: `$1` group, `$2` the messages
+/// (as for [`BATCH_INSERT`]), `$3` now (NULL: the database's), read with the records.
+pub const BATCH_SELECT: &str = "SELECT b.message_key, b.status, b.fingerprint, b.attempts, \
+    b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
+    FROM json_to_recordset(CAST($2 AS json)) AS j(k text, f text) \
+    JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = j.k";
+
+/// [`BATCH_SELECT`] on SQLite.
+pub const BATCH_SELECT_SQLITE: &str = "SELECT b.message_key, b.status, b.fingerprint, b.attempts, \
+    b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
+    FROM json_each($2) AS j \
+    JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = json_extract(j.value, '$.k')";
+
+/// [`BATCH_SELECT`] on MySQL/MariaDB (the JSON table drives: one probe of the primary key
+/// per message, never a scan of the group).
+pub const BATCH_SELECT_MYSQL: &str = "SELECT STRAIGHT_JOIN b.message_key, b.status, b.fingerprint, \
+    b.attempts, b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
+    FROM JSON_TABLE($2, '$[*]' COLUMNS (k VARBINARY(255) PATH '$.k' ERROR ON EMPTY)) AS j \
+    JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = j.k";
+
+/// A batch's results, in one statement: `$1` group, `$2` a JSON array of `{"k": key, "r":
+/// result}` (`r` the result's JSON as a string, or `null` for none), one per message whose
+/// handler ran. Clears the batch's mark (see [`BATCH_INSERT`]).
+pub const BATCH_STORE: &str = "UPDATE idem_inbox SET result = j.r, lease_until = NULL \
+    FROM json_to_recordset(CAST($2 AS json)) AS j(k text, r text) \
+    WHERE idem_inbox.consumer_group = $1 AND idem_inbox.message_key = j.k";
+
+/// [`BATCH_STORE`] on SQLite.
+pub const BATCH_STORE_SQLITE: &str = "UPDATE idem_inbox \
+    SET result = json_extract(j.value, '$.r'), lease_until = NULL \
+    FROM json_each($2) AS j \
+    WHERE idem_inbox.consumer_group = $1 AND idem_inbox.message_key = json_extract(j.value, '$.k')";
+
+/// [`BATCH_STORE`] on MySQL/MariaDB.
+pub const BATCH_STORE_MYSQL: &str = "UPDATE JSON_TABLE($2, '$[*]' COLUMNS (\
+    k VARBINARY(255) PATH '$.k' ERROR ON EMPTY, r LONGTEXT PATH '$.r')) AS j \
+    STRAIGHT_JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = j.k \
+    SET b.result = j.r, b.lease_until = NULL";
+
+/// The failed attempt of a message in a batch, whose handler's effects were rolled back:
+/// `$3` FAILED, or DEAD after its last allowed attempt, `$4` the error, `$5` now (NULL: the
+/// database's).
+pub const BATCH_FAIL: &str = "UPDATE idem_inbox \
+    SET status = $3, error = $4, result = NULL, lease_until = NULL, updated_at = COALESCE($5, {now}) \
+    WHERE consumer_group = $1 AND message_key = $2";
+
+/// The savepoint each handler of a batch runs in once a handler of the batch failed (every
+/// backend spells it so): a failing handler's effects roll back to it, the rest stay.
+pub const BATCH_SAVEPOINT: &str = "SAVEPOINT idem_batch";
+
+/// Back to [`BATCH_SAVEPOINT`], after a handler failed.
+pub const BATCH_ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_batch";
+
+/// Ends [`BATCH_SAVEPOINT`], keeping what its handler did.
+pub const BATCH_RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_batch";
+
 /// The inbox's statements as one dialect spells them ([`Dialect::inbox`]).
 #[derive(Debug)]
 pub struct InboxSql {
@@ -149,6 +238,14 @@ pub struct InboxSql {
     pub purge: String,
     /// [`NOW`].
     pub now: String,
+    /// [`BATCH_INSERT`], [`BATCH_INSERT_SQLITE`] or [`BATCH_INSERT_MYSQL`].
+    pub batch_insert: String,
+    /// [`BATCH_SELECT`], [`BATCH_SELECT_SQLITE`] or [`BATCH_SELECT_MYSQL`].
+    pub batch_select: String,
+    /// [`BATCH_STORE`], [`BATCH_STORE_SQLITE`] or [`BATCH_STORE_MYSQL`].
+    pub batch_store: String,
+    /// [`BATCH_FAIL`].
+    pub batch_fail: String,
 }
 
 impl InboxSql {
@@ -183,6 +280,23 @@ impl InboxSql {
                 Dialect::MySql => PURGE_MYSQL,
             }),
             now: spell(NOW),
+            batch_insert: spell(match dialect {
+                Dialect::Postgres => BATCH_INSERT,
+                Dialect::Sqlite => BATCH_INSERT_SQLITE,
+                Dialect::MySql => BATCH_INSERT_MYSQL,
+            }),
+            batch_select: spell(match dialect {
+                Dialect::Postgres => BATCH_SELECT,
+                Dialect::Sqlite => BATCH_SELECT_SQLITE,
+                Dialect::MySql => BATCH_SELECT_MYSQL,
+            }),
+            batch_store: match dialect {
+                Dialect::Postgres => BATCH_STORE,
+                Dialect::Sqlite => BATCH_STORE_SQLITE,
+                Dialect::MySql => BATCH_STORE_MYSQL,
+            }
+            .to_owned(),
+            batch_fail: spell(BATCH_FAIL),
         }
     }
 }
@@ -359,6 +473,9 @@ mod tests {
                 &sql.stuck,
                 &sql.purge,
                 &sql.now,
+                &sql.batch_insert,
+                &sql.batch_select,
+                &sql.batch_fail,
             ] {
                 assert!(!statement.contains("{now}"), "{statement}");
                 assert!(statement.contains(now), "{dialect:?}: {statement}");

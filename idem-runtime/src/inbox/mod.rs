@@ -16,6 +16,7 @@
 //! tells the whole story: a complete JetStream consumer, the attribute's form, the leased mode,
 //! how to choose the retention, the table and its migrations, and what the tests prove.
 
+mod batch;
 mod cached;
 mod clock;
 mod counters;
@@ -27,6 +28,7 @@ mod retention;
 mod sql;
 mod stage;
 
+pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
 pub use delivery::Delivery;

@@ -136,30 +136,11 @@ impl InboxStage {
         let dialect = DB::dialect(conn)?;
         // An insert that gives way to a busy key at once needs no lock timeout.
         let waits = !(self.unblocked && dialect.inbox_insert(true).1);
-        let lock_timeout = self
-            .lock_timeout
-            .filter(|_| waits)
-            .and_then(|timeout| dialect.set_lock_timeout(super::clock::millis(timeout)));
-        if let Some(set) = &lock_timeout {
-            DB::execute(conn, set, &[]).await?;
-        }
+        let timeout = self.lock_timeout.filter(|_| waits);
+        let set = set_lock_timeout::<DB>(conn, dialect, timeout).await?;
         let recorded = self.record::<DB>(conn, dialect).await;
-        // The lock timeout is for waiting on another delivery of the message, not for the
-        // handler's own statements: back to the session's setting before the handler runs,
-        // and on MySQL, where the setting is the session's and outlives the transaction,
-        // whatever happened (after an error, as far as the connection still can).
         let proceeding = matches!(recorded, Ok(Ok(_)));
-        let outlives = dialect.lock_timeout_outlives_transaction();
-        if let (Some(_), Some(reset), true) = (
-            &lock_timeout,
-            dialect.reset_lock_timeout(),
-            proceeding || outlives,
-        ) {
-            match &recorded {
-                Ok(_) => DB::execute(conn, reset, &[]).await.map(drop)?,
-                Err(_) => drop(DB::execute(conn, reset, &[]).await),
-            }
-        }
+        reset_lock_timeout::<DB>(conn, dialect, set, proceeding, recorded.is_err()).await?;
         let took_over = match recorded? {
             Ok(took_over) => took_over,
             Err(None) => return Ok(Err(self.inbox.in_progress(None))),
@@ -216,15 +197,7 @@ impl InboxStage {
             };
             match found {
                 Found::Retry { attempts, takeover } => {
-                    let params = [
-                        group,
-                        message,
-                        Param::Text(record::SUCCESS),
-                        Param::Null,
-                        now,
-                        Param::Int(attempts),
-                    ];
-                    if DB::execute(conn, &dialect.inbox().retry, &params).await? != 1 {
+                    if !inbox.retry::<DB>(conn, &self.key, attempts).await? {
                         // Another delivery retried it between the read and the update:
                         // it is working on the message.
                         return Ok(Err(None));
@@ -236,6 +209,39 @@ impl InboxStage {
         }
         Ok(Ok(took_over))
     }
+}
+
+/// Bounds how long the statements that follow wait for a lock held by another delivery of
+/// the same message, to `timeout` (PostgreSQL, MySQL); whether a bound was set.
+pub(crate) async fn set_lock_timeout<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: crate::backend::Dialect,
+    timeout: Option<Duration>,
+) -> Result<bool, sqlx::Error> {
+    let Some(set) = timeout.and_then(|t| dialect.set_lock_timeout(super::clock::millis(t))) else {
+        return Ok(false);
+    };
+    DB::execute(conn, &set, &[]).await.map(|_| true)
+}
+
+/// Puts back the lock timeout [`set_lock_timeout`] bounded (`set`). It is for waiting on
+/// another delivery of a message, not for the handler's own statements: back to the
+/// session's setting before a handler runs (`proceeding`), and on MySQL, where the setting
+/// is the session's and outlives the transaction, whatever happened (after an error,
+/// `failed`, as far as the connection still can, and without an error of its own).
+pub(crate) async fn reset_lock_timeout<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: crate::backend::Dialect,
+    set: bool,
+    proceeding: bool,
+    failed: bool,
+) -> Result<(), sqlx::Error> {
+    let due = set && (proceeding || dialect.lock_timeout_outlives_transaction());
+    let Some(reset) = dialect.reset_lock_timeout().filter(|_| due) else {
+        return Ok(());
+    };
+    let done = DB::execute(conn, reset, &[]).await.map(drop);
+    if failed { Ok(()) } else { done }
 }
 
 impl Kept for Recorded {
@@ -484,6 +490,28 @@ where
 }
 
 impl Inbox {
+    /// Another attempt at `key`'s failed or expired record, in the open transaction, whose
+    /// `attempts` were read just before: `false` if another delivery retried it in between
+    /// (it is working on the message).
+    pub(crate) async fn retry<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &MessageKey,
+        attempts: i64,
+    ) -> Result<bool, Error<Infallible>> {
+        let params = [
+            Param::Text(&self.group),
+            Param::Text(key.as_str()),
+            Param::Text(record::SUCCESS),
+            // no lease: the record commits with the handler's effects
+            Param::Null,
+            self.at(),
+            Param::Int(attempts),
+        ];
+        let retry = &DB::dialect(conn)?.inbox().retry;
+        Ok(DB::execute(conn, retry, &params).await? == 1)
+    }
+
     /// Counts a delivery that ended without running the handler, once.
     pub(crate) fn count<T, R>(&self, delivery: &Delivery<T, R>, illegal: bool) {
         let counter = match delivery {

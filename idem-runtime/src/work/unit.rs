@@ -200,6 +200,13 @@ pub trait Plan<DB: Backend>: Sync {
     /// The body's value, serialized (`"null"` for nothing to store).
     fn encode(&self, value: &Self::Value) -> Result<String, Error<Infallible>>;
 
+    /// [`encode`](Self::encode), refused if larger than one stored result may be
+    /// ([`MAX_RESULT_LEN`](crate::MAX_RESULT_LEN)). A plan whose value holds several
+    /// results (a batch of deliveries) bounds each of them, and the whole here not at all.
+    fn encode_bounded(&self, value: &Self::Value) -> Result<String, Error<Infallible>> {
+        self.encode(value).and_then(bounded)
+    }
+
     /// The reply of a call whose body ran and committed.
     fn applied(&self, value: Self::Value) -> Self::Reply;
 
@@ -560,6 +567,17 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         )
     }
 
+    /// The writer turn and span this unit holds, with the call scope of `labels` (one
+    /// message of a batch: the messages its handler stages take their ids from that
+    /// message's effect, as they would in a delivery of its own).
+    pub(crate) fn held_as(&self, labels: &Labels<'_>) -> Held {
+        Held(
+            self._writer.as_ref().map(|w| w.database().clone()),
+            self.span.clone(),
+            CallScope::of(labels),
+        )
+    }
+
     /// Ends the call with the body's result: stores it for every stage that keeps one and
     /// commits, or rolls everything back if the body failed.
     pub async fn finish<P: Plan<DB>, E>(
@@ -592,10 +610,7 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
             }
         };
         reached(FaultPoint::BodyDone);
-        let json = plan
-            .encode(&value)
-            .and_then(bounded)
-            .map_err(Error::widen)?;
+        let json = plan.encode_bounded(&value).map_err(Error::widen)?;
         // A result that serializes to `null` (`()`, `None`) replays without storage.
         if json != "null" {
             self.kept.store::<DB>(&mut self.tx, &json).await?;
