@@ -154,20 +154,23 @@ pub const BATCH_INSERT_MYSQL: &str = "INSERT IGNORE INTO idem_inbox \
     k VARBINARY(255) PATH '$.k' ERROR ON EMPTY, f VARCHAR(64) PATH '$.f' ERROR ON EMPTY)) AS j";
 
 /// A batch's records, one probe of the primary key each: `$1` group, `$2` the messages
-/// (as for [`BATCH_INSERT`]), `$3` now (NULL: the database's), read with the records.
+/// (as for [`BATCH_INSERT`]), `$3` now (NULL: the database's), read with the records. The
+/// messages drive, each probing the primary key (`OFFSET 0` keeps the planner from turning
+/// the probes into a hash of the whole group, which it would choose for a table it has no
+/// statistics of yet).
 pub const BATCH_SELECT: &str = "SELECT b.message_key, b.status, b.fingerprint, b.attempts, \
     b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
     FROM json_to_recordset(CAST($2 AS json)) AS j(k text, f text) \
-    JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = j.k";
+    CROSS JOIN LATERAL (SELECT message_key, status, fingerprint, attempts, result, error, lease_until \
+    FROM idem_inbox WHERE consumer_group = $1 AND message_key = j.k OFFSET 0) AS b";
 
-/// [`BATCH_SELECT`] on SQLite.
+/// [`BATCH_SELECT`] on SQLite (`CROSS JOIN` fixes the order: the messages drive).
 pub const BATCH_SELECT_SQLITE: &str = "SELECT b.message_key, b.status, b.fingerprint, b.attempts, \
     b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
     FROM json_each($2) AS j \
-    JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = json_extract(j.value, '$.k')";
+    CROSS JOIN idem_inbox b ON b.consumer_group = $1 AND b.message_key = json_extract(j.value, '$.k')";
 
-/// [`BATCH_SELECT`] on MySQL/MariaDB (the JSON table drives: one probe of the primary key
-/// per message, never a scan of the group).
+/// [`BATCH_SELECT`] on MySQL/MariaDB (`STRAIGHT_JOIN`: the messages drive).
 pub const BATCH_SELECT_MYSQL: &str = "SELECT STRAIGHT_JOIN b.message_key, b.status, b.fingerprint, \
     b.attempts, b.result, b.error, b.lease_until, COALESCE($3, {now}) AS now \
     FROM JSON_TABLE($2, '$[*]' COLUMNS (k VARBINARY(255) PATH '$.k' ERROR ON EMPTY)) AS j \
@@ -175,16 +178,22 @@ pub const BATCH_SELECT_MYSQL: &str = "SELECT STRAIGHT_JOIN b.message_key, b.stat
 
 /// A batch's results, in one statement: `$1` group, `$2` a JSON array of `{"k": key, "r":
 /// result}` (`r` the result's JSON as a string, or `null` for none), one per message whose
-/// handler ran. Clears the batch's mark (see [`BATCH_INSERT`]).
-pub const BATCH_STORE: &str = "UPDATE idem_inbox SET result = j.r, lease_until = NULL \
+/// handler ran. Clears the batch's mark (see [`BATCH_INSERT`]). Each message probes the
+/// primary key (as in [`BATCH_SELECT`]) and its row is updated by its `ctid`: the batch
+/// holds the row's lock, so it cannot move meanwhile.
+pub const BATCH_STORE: &str = "UPDATE idem_inbox SET result = v.r, lease_until = NULL \
+    FROM (SELECT b.ctid AS row_id, j.r \
     FROM json_to_recordset(CAST($2 AS json)) AS j(k text, r text) \
-    WHERE idem_inbox.consumer_group = $1 AND idem_inbox.message_key = j.k";
+    CROSS JOIN LATERAL (SELECT ctid FROM idem_inbox \
+    WHERE consumer_group = $1 AND message_key = j.k OFFSET 0) AS b) AS v \
+    WHERE idem_inbox.ctid = v.row_id";
 
-/// [`BATCH_STORE`] on SQLite.
+/// [`BATCH_STORE`] on SQLite (the `IN` list makes each key a probe of the primary key).
 pub const BATCH_STORE_SQLITE: &str = "UPDATE idem_inbox \
     SET result = json_extract(j.value, '$.r'), lease_until = NULL \
     FROM json_each($2) AS j \
-    WHERE idem_inbox.consumer_group = $1 AND idem_inbox.message_key = json_extract(j.value, '$.k')";
+    WHERE idem_inbox.consumer_group = $1 AND idem_inbox.message_key = json_extract(j.value, '$.k') \
+    AND idem_inbox.message_key IN (SELECT json_extract(value, '$.k') FROM json_each($2))";
 
 /// [`BATCH_STORE`] on MySQL/MariaDB.
 pub const BATCH_STORE_MYSQL: &str = "UPDATE JSON_TABLE($2, '$[*]' COLUMNS (\
