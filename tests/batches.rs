@@ -9,13 +9,20 @@
 //!   message that fails every time is parked as dead after its last attempt without
 //!   holding back the rest of its batch;
 //! - eight consumers delivering overlapping batches at once, on real connections: one
-//!   effect per message, every delivery settled.
+//!   effect per message, every delivery settled;
+//! - a model-based test: random batches with copies inside and across batches, other
+//!   payloads under a key, handlers that fail (and messages that fail until parked),
+//!   against a reference model of the inbox: every answer, every record and every effect
+//!   (failures kept in `tests/batches.regressions`).
 
 use crate::common;
+use crate::harness::{Harness, config, harness};
 
 use idem::inbox::{Delivery, Inbox, MessageKey, Settled, settles_with_ack};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// A message of the tests: message number `n` as key and payload (`fail` in the payload
 /// makes its handler fail; anything after `#` changes the payload but not the key).
@@ -320,3 +327,304 @@ batch_tests!(
     common::mysql(&format!("batches_{}", common::next_id()), 8).await,
     positional = true
 );
+
+/// One delivery of the model: message `n`'s key, its payload (`other`: another payload under
+/// the same key), and whether its handler fails (not part of the payload: the same message
+/// may fail on one delivery and not on the next).
+#[derive(Debug, Clone)]
+struct Modelled {
+    key: MessageKey,
+    payload: Vec<u8>,
+    n: i64,
+    fails: bool,
+}
+
+impl idem::inbox::Incoming for Modelled {
+    fn key(&self) -> &MessageKey {
+        &self.key
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+const MAX_ATTEMPTS: i64 = 3;
+
+/// A record as the model keeps it.
+#[derive(Debug, Clone, PartialEq)]
+enum Record {
+    Success { other: bool, result: i64 },
+    Failed { other: bool, attempts: i64 },
+    Dead { other: bool, attempts: i64 },
+}
+
+/// What the model expects of one delivery.
+#[derive(Debug, Clone, PartialEq)]
+enum Expected {
+    Processed(i64),
+    Duplicate(i64),
+    Conflict,
+    /// The handler failed; the attempt is recorded.
+    Failed,
+    Dead(i64),
+    InProgress,
+}
+
+fn observed(settled: &Settled<i64, String>) -> Expected {
+    match settled {
+        Ok(Delivery::Processed(v)) => Expected::Processed(*v),
+        Ok(Delivery::Duplicate { first_result }) => Expected::Duplicate(first_result.unwrap()),
+        Ok(Delivery::Conflict) => Expected::Conflict,
+        Ok(Delivery::Dead { attempts, .. }) => Expected::Dead(*attempts),
+        Ok(Delivery::InProgress { .. }) => Expected::InProgress,
+        Err(idem::Error::Handler(_)) => Expected::Failed,
+        other => panic!("unexpected: {other:?}"),
+    }
+}
+
+/// The reference model: a batch's answers, and the records after it.
+fn model(records: &mut HashMap<i64, Record>, batch: &[Modelled]) -> Vec<Expected> {
+    let before = records.clone();
+    // For each key, its lead's fingerprint and what it left.
+    let mut leads: HashMap<i64, (bool, Expected)> = HashMap::new();
+    let mut answers = Vec::with_capacity(batch.len());
+    for m in batch {
+        let other = m.payload.ends_with(b"#other");
+        if let Some((lead_other, left)) = leads.get(&m.n) {
+            let same = *lead_other == other;
+            let answer = match (left, same) {
+                (Expected::Processed(v), true) => Expected::Duplicate(*v),
+                (Expected::Failed | Expected::InProgress, true) => Expected::InProgress,
+                (Expected::Dead(a), true) => Expected::Dead(*a),
+                (lead, true) => lead.clone(),
+                // Another payload than its lead's: judged by the record before the batch,
+                // or a conflict with what its lead wrote.
+                (_, false) => match before.get(&m.n) {
+                    None => Expected::Conflict,
+                    Some(record) => judged(record, other).unwrap_or(Expected::InProgress),
+                },
+            };
+            answers.push(answer);
+            continue;
+        }
+        let answer = match records.get(&m.n).cloned() {
+            Some(record) => match judged(&record, other) {
+                Some(ended) => ended,
+                None => {
+                    let Record::Failed { attempts, .. } = record else {
+                        unreachable!()
+                    };
+                    run(records, m, other, attempts + 1)
+                }
+            },
+            None => run(records, m, other, 1),
+        };
+        leads.insert(m.n, (other, answer.clone()));
+        answers.push(answer);
+    }
+    answers
+}
+
+/// What a delivery of payload `other` finds in `record`; `None`: it retries a failed one.
+fn judged(record: &Record, other: bool) -> Option<Expected> {
+    match *record {
+        Record::Success { other: o, .. }
+        | Record::Failed { other: o, .. }
+        | Record::Dead { other: o, .. }
+            if o != other =>
+        {
+            Some(Expected::Conflict)
+        }
+        Record::Success { result, .. } => Some(Expected::Duplicate(result)),
+        Record::Dead { attempts, .. } => Some(Expected::Dead(attempts)),
+        Record::Failed { .. } => None,
+    }
+}
+
+/// Runs `m`'s handler as attempt `attempts`.
+fn run(records: &mut HashMap<i64, Record>, m: &Modelled, other: bool, attempts: i64) -> Expected {
+    if m.fails {
+        if attempts >= MAX_ATTEMPTS {
+            records.insert(m.n, Record::Dead { other, attempts });
+            Expected::Dead(attempts)
+        } else {
+            records.insert(m.n, Record::Failed { other, attempts });
+            Expected::Failed
+        }
+    } else {
+        let result = m.n * 10 + i64::from(other);
+        records.insert(m.n, Record::Success { other, result });
+        Expected::Processed(result)
+    }
+}
+
+fn modelled() -> impl Strategy<Value = Modelled> {
+    (
+        1i64..=6,
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(|(n, other, fails)| Modelled {
+            key: key(n),
+            payload: if other {
+                format!("{n}#other")
+            } else {
+                n.to_string()
+            }
+            .into_bytes(),
+            n,
+            fails,
+        })
+}
+
+fn batches() -> impl Strategy<Value = Vec<Vec<Modelled>>> {
+    prop::collection::vec(prop::collection::vec(modelled(), 1..8), 1..8)
+}
+
+use proptest::prelude::*;
+
+macro_rules! model_runner {
+    ($name:ident, $pool:ty, $positional:expr) => {
+        /// Runs `batches` on a fresh group, checking every answer, then every record and
+        /// effect, against the model.
+        async fn $name(pool: &$pool, batches: &[Vec<Modelled>]) -> Result<(), TestCaseError> {
+            let group = format!("model-{}", common::next_id());
+            let inbox = Inbox::new(group.clone()).unwrap().max_attempts(MAX_ATTEMPTS as u32);
+            let mut records = HashMap::new();
+            for batch in batches {
+                let expected = model(&mut records, batch);
+                let kind = group.clone();
+                let settled = inbox
+                    .batch(pool, batch, move |tx, m| {
+                        let kind = kind.clone();
+                        Box::pin(async move {
+                            sqlx::query(common::placed(
+                                $positional,
+                                "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 1)",
+                            ))
+                            .bind(m.n)
+                            .bind(kind)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                            if m.fails {
+                                return Err(format!("message {} fails", m.n));
+                            }
+                            Ok(m.n * 10 + i64::from(m.payload.ends_with(b"#other")))
+                        })
+                    })
+                    .await
+                    .unwrap();
+                let got: Vec<Expected> = settled.iter().map(observed).collect();
+                prop_assert_eq!(got, expected, "batch {:?}", batch);
+            }
+            for n in 1..=6i64 {
+                let effects: i64 = sqlx::query_scalar(common::placed(
+                    $positional,
+                    "SELECT COUNT(*) FROM effects WHERE kind = $1 AND order_id = $2",
+                ))
+                .bind(&group)
+                .bind(n)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                let success = matches!(records.get(&n), Some(Record::Success { .. }));
+                prop_assert_eq!(effects, i64::from(success), "message {}'s effects", n);
+                let record: Option<(String, i64)> = sqlx::query_as(common::placed(
+                    $positional,
+                    "SELECT status, attempts FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2",
+                ))
+                .bind(&group)
+                .bind(key(n).as_str())
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+                let expected = records.get(&n).map(|r| match *r {
+                    Record::Success { .. } => ("SUCCESS".to_owned(), None),
+                    Record::Failed { attempts, .. } => ("FAILED".to_owned(), Some(attempts)),
+                    Record::Dead { attempts, .. } => ("DEAD".to_owned(), Some(attempts)),
+                });
+                match (record, expected) {
+                    (None, None) => {}
+                    (Some((status, attempts)), Some((want, want_attempts))) => {
+                        prop_assert_eq!(&status, &want, "message {}", n);
+                        if let Some(want_attempts) = want_attempts {
+                            prop_assert_eq!(attempts, want_attempts, "message {}", n);
+                        }
+                    }
+                    (got, want) => prop_assert!(false, "message {}: {:?} against {:?}", n, got, want),
+                }
+            }
+            Ok(())
+        }
+    };
+}
+
+model_runner!(run_sqlite, sqlx::SqlitePool, false);
+model_runner!(run_postgres, sqlx::PgPool, false);
+model_runner!(run_mysql, sqlx::MySqlPool, true);
+
+fn sqlite() -> &'static Harness<sqlx::SqlitePool> {
+    static HARNESS: OnceLock<Harness<sqlx::SqlitePool>> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        harness(async || {
+            let pool =
+                common::sqlite_file(&format!("batches-model-{}", common::next_id()), 4).await;
+            idem::migrate(&pool).await.unwrap();
+            pool
+        })
+    })
+}
+
+fn postgres() -> Option<&'static Harness<sqlx::PgPool>> {
+    static HARNESS: OnceLock<Option<Harness<sqlx::PgPool>>> = OnceLock::new();
+    HARNESS
+        .get_or_init(|| {
+            common::postgres_url()?;
+            Some(harness(async || {
+                let pool = common::postgres("batches_model", 2).await.unwrap();
+                idem::migrate(&pool).await.unwrap();
+                pool
+            }))
+        })
+        .as_ref()
+}
+
+fn mysql() -> Option<&'static Harness<sqlx::MySqlPool>> {
+    static HARNESS: OnceLock<Option<Harness<sqlx::MySqlPool>>> = OnceLock::new();
+    HARNESS
+        .get_or_init(|| {
+            common::mysql_url()?;
+            Some(harness(async || {
+                let pool = common::mysql("batches_model", 2).await.unwrap();
+                idem::migrate(&pool).await.unwrap();
+                pool
+            }))
+        })
+        .as_ref()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn sqlite_batches_agree_with_the_model(batches in batches()) {
+        let h = sqlite();
+        h.runtime.block_on(run_sqlite(&h.pool, &batches))?;
+    }
+
+    #[test]
+    fn postgres_batches_agree_with_the_model(batches in batches()) {
+        if let Some(h) = postgres() {
+            h.runtime.block_on(run_postgres(&h.pool, &batches))?;
+        }
+    }
+
+    #[test]
+    fn mysql_batches_agree_with_the_model(batches in batches()) {
+        if let Some(h) = mysql() {
+            h.runtime.block_on(run_mysql(&h.pool, &batches))?;
+        }
+    }
+}
