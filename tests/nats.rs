@@ -303,6 +303,12 @@ const CONSUMERS: usize = 4;
 /// that is about 2,000 effects. Four pull clients of one durable consumer take them
 /// concurrently, copies of the same message included.
 async fn retried_messages_to_four_consumers(db: Db, name: &str) {
+    retried_messages(db, name, None).await;
+}
+
+/// The same, each consumer taking its deliveries in batches of up to `batch` through
+/// `Inbox::batch` (`None`: one delivery at a time).
+async fn retried_messages(db: Db, name: &str, batch: Option<usize>) {
     let ack_wait = Duration::from_secs(10);
     on_fresh_stream(name, ack_wait, |fresh| async move {
         let TestStream {
@@ -332,14 +338,25 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
             consumers.spawn(async move {
                 let messages = consumer
                     .stream()
-                    .max_messages_per_batch(25)
+                    .max_messages_per_batch(batch.unwrap_or(25).max(25))
                     .messages()
                     .await
                     .unwrap();
-                workers.consume(messages).await
+                match batch {
+                    None => workers.consume(messages).await,
+                    Some(max) => workers.consume_batches(messages, max).await,
+                }
             });
         }
         workers.each_effect_once(consumers, MESSAGES).await;
+        if let Some(max) = batch {
+            // Batches formed: as large as allowed, or at least more than one delivery.
+            let largest = workers.largest_batch();
+            assert!(
+                largest <= max && largest >= max.min(2),
+                "largest batch {largest} of {max}"
+            );
+        }
         // Every message acked, none left to deliver.
         let info =
             consumer_info_when(&consumer, |i| i.num_ack_pending == 0 && i.num_pending == 0).await;
@@ -362,4 +379,41 @@ async fn retried_messages_to_four_consumers_postgres() {
 async fn retried_messages_to_four_consumers_sqlite() {
     let db = Db::sqlite("nats_workers", 4).await;
     retried_messages_to_four_consumers(db, "idem-workers-sqlite").await;
+}
+
+// The same 1,000 messages through batches of 1, 10 and 100 (`Inbox::batch`), each batch one
+// transaction, acked after its commit.
+
+async fn retried_messages_in_batches(db: impl AsyncFn(usize) -> Db, name: &str) {
+    for size in [1, 10, 100] {
+        retried_messages(db(size).await, &format!("{name}-{size}"), Some(size)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_postgres() {
+    if brokers::nats_url().is_none() || crate::common::postgres_url().is_none() {
+        return;
+    }
+    let db = async |size| {
+        Db::postgres(&format!("nats_batches_{size}"), 8)
+            .await
+            .unwrap()
+    };
+    retried_messages_in_batches(db, "idem-batches-pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_sqlite() {
+    let db = async |size| Db::sqlite(&format!("nats_batches_{size}"), 4).await;
+    retried_messages_in_batches(db, "idem-batches-sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_mysql() {
+    if brokers::nats_url().is_none() || crate::common::mysql_url().is_none() {
+        return;
+    }
+    let db = async |size| Db::mysql(&format!("nats_batches_{size}"), 8).await.unwrap();
+    retried_messages_in_batches(db, "idem-batches-my").await;
 }

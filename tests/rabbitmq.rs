@@ -349,6 +349,12 @@ const CONSUMERS: usize = 4;
 /// same message id and content, shuffled: about 2,000 deliveries, so about 2,000 effects
 /// without the inbox. Four consumers, each on its own channel, take them concurrently.
 async fn retried_messages_to_four_consumers(db: Db, name: &str) {
+    retried_messages(db, name, None).await;
+}
+
+/// The same, each consumer taking its deliveries in batches of up to `batch` (its prefetch
+/// at least that) through `Inbox::batch` (`None`: one delivery at a time).
+async fn retried_messages(db: Db, name: &str, batch: Option<usize>) {
     on_fresh_queue(name, |fresh| async move {
         let TestQueue {
             connection,
@@ -359,7 +365,10 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
         for _ in 0..CONSUMERS {
             let channel = connection.create_channel().await.unwrap();
             channel
-                .basic_qos(20, BasicQosOptions::default())
+                .basic_qos(
+                    batch.unwrap_or(20).max(20) as u16,
+                    BasicQosOptions::default(),
+                )
                 .await
                 .unwrap();
             channels.push(channel);
@@ -394,13 +403,24 @@ async fn retried_messages_to_four_consumers(db: Db, name: &str) {
                     )
                     .await
                     .unwrap();
-                let counts = workers.consume(deliveries).await;
+                let counts = match batch {
+                    None => workers.consume(deliveries).await,
+                    Some(max) => workers.consume_batches(deliveries, max).await,
+                };
                 // Closing the channel would requeue anything unacked.
                 consumer_channel.close(200, "done".into()).await.unwrap();
                 counts
             });
         }
         workers.each_effect_once(consumers, MESSAGES).await;
+        if let Some(max) = batch {
+            // Batches formed: as large as allowed, or at least more than one delivery.
+            let largest = workers.largest_batch();
+            assert!(
+                largest <= max && largest >= max.min(2),
+                "largest batch {largest} of {max}"
+            );
+        }
         // Every message acked: the consumers' channels are closed and nothing came back.
         assert_eq!(queue_state(&channel, &queue).await, (0, 0));
     })
@@ -445,4 +465,45 @@ async fn retried_messages_to_four_consumers_mysql() {
         return;
     };
     retried_messages_to_four_consumers(db, "idem-workers-my").await;
+}
+
+// The same 1,000 messages through batches of 1, 10 and 100 (`Inbox::batch`), each batch one
+// transaction, acked after its commit.
+
+async fn retried_messages_in_batches(db: impl AsyncFn(usize) -> Db, name: &str) {
+    for size in [1, 10, 100] {
+        retried_messages(db(size).await, &format!("{name}-{size}"), Some(size)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_postgres() {
+    if brokers::amqp_url().is_none() || crate::common::postgres_url().is_none() {
+        return;
+    }
+    let db = async |size| {
+        Db::postgres(&format!("rabbit_batches_{size}"), 8)
+            .await
+            .unwrap()
+    };
+    retried_messages_in_batches(db, "idem-batches-pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_sqlite() {
+    let db = async |size| Db::sqlite(&format!("rabbit_batches_{size}"), 4).await;
+    retried_messages_in_batches(db, "idem-batches-sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_messages_in_batches_of_1_10_100_mysql() {
+    if brokers::amqp_url().is_none() || crate::common::mysql_url().is_none() {
+        return;
+    }
+    let db = async |size| {
+        Db::mysql(&format!("rabbit_batches_{size}"), 8)
+            .await
+            .unwrap()
+    };
+    retried_messages_in_batches(db, "idem-batches-my").await;
 }

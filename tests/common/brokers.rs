@@ -12,7 +12,7 @@
 
 use crate::common;
 use futures_util::{Stream, StreamExt};
-use idem::inbox::{Delivery, Inbox, MessageKey, Received};
+use idem::inbox::{Delivery, Inbox, MessageKey, Received, Settled};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
@@ -149,6 +149,42 @@ macro_rules! deliver {
     };
 }
 
+/// A batch of deliveries through the inbox (`Inbox::batch`), the effect of each being one
+/// row in `effects`; the result is the effect's order id (the key's second part).
+macro_rules! deliver_batch {
+    ($pool:expr, $inbox:expr, $batch:expr, $pause:expr, $positional:expr) => {
+        $inbox
+            .batch($pool, $batch, move |tx, (key, _)| {
+                Box::pin(async move {
+                    let order = order_of(key);
+                    sqlx::query($crate::common::placed(
+                        $positional,
+                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
+                    ))
+                    .bind(order)
+                    .execute(&mut **tx)
+                    .await?;
+                    if let Pause::Forever(point) = $pause {
+                        println!("idem-child: crash-point {point}");
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, sqlx::Error>(order)
+                })
+            })
+            .await
+    };
+}
+
+/// The order a test message's key is about: `order:{order}:paid` or `order-{order}-paid`.
+pub fn order_of(key: &MessageKey) -> i64 {
+    key.as_str()
+        .split([':', '-'])
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 impl Db {
     /// A fresh PostgreSQL schema `idem_test_{name}` (see [`common::postgres`]), migrated;
     /// `None` when PostgreSQL is not configured.
@@ -246,6 +282,22 @@ impl Db {
         }
     }
 
+    /// Handles a batch of deliveries (key and payload each) through `inbox` in one
+    /// transaction: each message's effect (a row in `effects`) commits with the batch, after
+    /// `pause` in its handler.
+    pub async fn deliver_batch(
+        &self,
+        inbox: &Inbox,
+        batch: &[(MessageKey, Vec<u8>)],
+        pause: Pause,
+    ) -> Result<Vec<Settled<i64, sqlx::Error>>, idem::Error<std::convert::Infallible>> {
+        match self {
+            Db::Postgres(pool) => deliver_batch!(pool, inbox, batch, pause, false),
+            Db::Sqlite(pool) => deliver_batch!(pool, inbox, batch, pause, false),
+            Db::MySql(pool) => deliver_batch!(pool, inbox, batch, pause, true),
+        }
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         match self {
             Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
@@ -310,6 +362,8 @@ pub struct Workers {
     /// The publications to settle: copies of the messages included.
     published: usize,
     settled: Arc<AtomicUsize>,
+    /// The largest batch a consumer delivered ([`Workers::consume_batches`]).
+    largest: Arc<AtomicUsize>,
     started: Instant,
 }
 
@@ -321,6 +375,7 @@ impl Workers {
             inbox,
             published,
             settled: Arc::new(AtomicUsize::new(0)),
+            largest: Arc::new(AtomicUsize::new(0)),
             started: Instant::now(),
         }
     }
@@ -353,6 +408,55 @@ impl Workers {
             processed += usize::from(outcome.is_processed());
         }
         (mine, processed)
+    }
+
+    /// [`Workers::consume`], a batch at a time: up to `max` deliveries gathered within 50 ms
+    /// ([`idem::inbox::gather`]), delivered with `Inbox::batch` in one transaction, and
+    /// each settled once the batch committed.
+    pub async fn consume_batches<M: BrokerMessage, E: Debug>(
+        &self,
+        mut messages: impl Stream<Item = Result<M, E>> + Unpin,
+        max: usize,
+    ) -> (usize, usize) {
+        let (mut mine, mut processed) = (0, 0);
+        while self.settled.load(Ordering::SeqCst) < self.published {
+            assert!(self.started.elapsed() < Duration::from_secs(40), "no end");
+            let gathered = idem::inbox::gather(&mut messages, max, Duration::from_millis(50));
+            let Some(gathered) = gathered.await else {
+                break;
+            };
+            let gathered: Vec<M> = gathered.into_iter().map(Result::unwrap).collect();
+            if gathered.is_empty() {
+                continue;
+            }
+            self.largest.fetch_max(gathered.len(), Ordering::SeqCst);
+            let batch: Vec<(MessageKey, Vec<u8>)> = gathered
+                .iter()
+                .map(|m| (m.key_and_order().0, m.payload().to_vec()))
+                .collect();
+            let settled = self
+                .db
+                .deliver_batch(&self.inbox, &batch, Pause::None)
+                .await
+                .unwrap();
+            for (message, settled) in gathered.iter().zip(settled) {
+                // A handler's error (none here) would be nacked, as a delivery in progress.
+                let outcome = settled.unwrap_or(Delivery::InProgress {
+                    lease_until_millis: None,
+                });
+                message.settle(&outcome).await;
+                self.settled
+                    .fetch_add(usize::from(outcome.should_ack()), Ordering::SeqCst);
+                mine += 1;
+                processed += usize::from(outcome.is_processed());
+            }
+        }
+        (mine, processed)
+    }
+
+    /// The largest batch a consumer delivered so far.
+    pub fn largest_batch(&self) -> usize {
+        self.largest.load(Ordering::SeqCst)
     }
 
     /// Waits for `consumers` (each one [`Workers::consume`]), and checks that each of the
