@@ -184,10 +184,14 @@ async fn consume(queue: String) {
     let db = Db::connect(&var("IDEM_CHILD_DB")).await;
     let crash = std::env::var("IDEM_CRASH_POINT").ok();
     let expected: usize = var("IDEM_CHILD_MESSAGES").parse().unwrap();
+    // With `IDEM_CHILD_BATCH=n`, deliveries are taken n at a time into one batch.
+    let batch: Option<usize> = std::env::var("IDEM_CHILD_BATCH")
+        .ok()
+        .map(|n| n.parse().unwrap());
     let connection = connect(&url).await;
     let channel = connection.create_channel().await.unwrap();
     channel
-        .basic_qos(1, BasicQosOptions::default())
+        .basic_qos(batch.unwrap_or(1) as u16, BasicQosOptions::default())
         .await
         .unwrap();
     let mut deliveries = channel
@@ -201,6 +205,11 @@ async fn consume(queue: String) {
         .unwrap();
     let inbox = Inbox::new("rabbit-crash").unwrap();
     let mut settled = 0;
+    if let Some(max) = batch {
+        while settled < expected {
+            settled += consume_batch(&db, &inbox, &mut deliveries, max, crash.as_deref()).await;
+        }
+    }
     while settled < expected {
         let delivery = deliveries
             .next()
@@ -234,12 +243,76 @@ async fn consume(queue: String) {
     report("done");
 }
 
+/// One batch of the consumer process: up to `max` deliveries (gathered within 2 s), through
+/// `Inbox::batch`, stopped at `crash` (`before_commit`: in the first handler, its effect
+/// written; `after_commit`: after the batch's commit, before any ack). The deliveries it
+/// settled with an ack.
+async fn consume_batch(
+    db: &Db,
+    inbox: &Inbox,
+    deliveries: &mut lapin::Consumer,
+    max: usize,
+    crash: Option<&str>,
+) -> usize {
+    let gathered = idem::inbox::gather(deliveries, max, Duration::from_secs(2));
+    let gathered: Vec<lapin::message::Delivery> = gathered
+        .await
+        .expect("consumer cancelled")
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let batch: Vec<(MessageKey, Vec<u8>)> = gathered
+        .iter()
+        .map(|delivery| {
+            let key = delivery.key_and_order().0;
+            report(&format!(
+                "delivered key={key} redelivered={}",
+                delivery.redelivered
+            ));
+            (key, delivery.data.clone())
+        })
+        .collect();
+    let pause = match crash {
+        Some("before_commit") => Pause::Forever("before_commit"),
+        _ => Pause::None,
+    };
+    let answers = db.deliver_batch(inbox, &batch, pause).await.unwrap();
+    if crash == Some("after_commit") {
+        report("crash-point after_commit");
+        std::future::pending::<()>().await;
+    }
+    let mut acked = 0;
+    for (delivery, answer) in gathered.iter().zip(answers) {
+        let outcome = answer.unwrap();
+        report(&format!(
+            "outcome key={} redelivered={} {}",
+            delivery.key_and_order().0,
+            delivery.redelivered,
+            outcome_name(&outcome)
+        ));
+        delivery.settle(&outcome).await;
+        acked += usize::from(outcome.should_ack());
+    }
+    acked
+}
+
 /// A consumer process on `queue`, settling `messages` messages, killed at `crash_point`.
 fn spawn_consumer(
     queue: &str,
     db: &Db,
     crash_point: Option<&str>,
     messages: usize,
+) -> ChildProcess {
+    spawn_batch_consumer(queue, db, crash_point, messages, None)
+}
+
+/// [`spawn_consumer`], taking its deliveries `batch` at a time (`None`: one at a time).
+fn spawn_batch_consumer(
+    queue: &str,
+    db: &Db,
+    crash_point: Option<&str>,
+    messages: usize,
+    batch: Option<usize>,
 ) -> ChildProcess {
     let mut env = vec![
         ("IDEM_CHILD_QUEUE", queue.to_owned()),
@@ -249,7 +322,11 @@ fn spawn_consumer(
     if let Some(point) = crash_point {
         env.push(("IDEM_CRASH_POINT", point.to_owned()));
     }
-    ChildProcess::spawn("rabbitmq::consumer_process", &env, &["IDEM_CRASH_POINT"])
+    if let Some(batch) = batch {
+        env.push(("IDEM_CHILD_BATCH", batch.to_string()));
+    }
+    let unset = ["IDEM_CRASH_POINT", "IDEM_CHILD_BATCH"];
+    ChildProcess::spawn("rabbitmq::consumer_process", &env, &unset)
 }
 
 /// One message; a consumer process killed at `crash_point`; a new consumer process.
@@ -506,4 +583,120 @@ async fn retried_messages_in_batches_of_1_10_100_mysql() {
             .unwrap()
     };
     retried_messages_in_batches(db, "idem-batches-my").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// A consumer process killed in the middle of a batch.
+
+const BATCH: usize = 5;
+
+/// Five messages taken as one batch by a consumer process killed at `crash_point` (in the
+/// first handler, before the batch's commit; or after the commit, before any ack), then a
+/// new consumer process taking them again as one batch.
+///
+/// Before the commit nothing of the batch is kept: the five effects and records went with
+/// the transaction, and the redeliveries apply each once. After the commit all five are
+/// kept, and every redelivery is a duplicate. Either way: five effects, and every message
+/// ends acked.
+async fn killed_batch_consumer(db: Db, crash_point: &'static str) {
+    let name = format!("idem-batch-crash-{crash_point}");
+    on_fresh_queue(&name, |fresh| async move {
+        let TestQueue {
+            channel,
+            name: queue,
+            ..
+        } = fresh;
+        for m in 1..=BATCH {
+            let (key, payload) = (format!("order-{m}-paid"), format!(r#"{{"order":{m}}}"#));
+            let confirm = publish(&channel, &queue, &key, payload.as_bytes());
+            assert!(confirm.await.await.unwrap().is_ack());
+        }
+
+        let mut first = spawn_batch_consumer(&queue, &db, Some(crash_point), BATCH, Some(BATCH));
+        for _ in 0..BATCH {
+            assert!(first.step("delivered").await.ends_with("redelivered=false"));
+        }
+        first.step(&format!("crash-point {crash_point}")).await;
+        // At the crash point: all five delivered (none ready), none acked…
+        assert_eq!(queue_state(&channel, &queue).await, (0, 1));
+        // …and the batch's effects and records committed together, or none of them.
+        let committed = if crash_point == "after_commit" {
+            BATCH as i64
+        } else {
+            0
+        };
+        assert_eq!(db.effects().await, committed);
+        assert_eq!(db.records().await, committed);
+        first.kill();
+        assert_eq!(
+            queue_state_becomes(&channel, &queue, (BATCH as u32, 0)).await,
+            (BATCH as u32, 0),
+            "the broker requeued the whole batch"
+        );
+        assert_eq!(db.effects().await, committed, "the kill changed nothing");
+
+        let mut second = spawn_batch_consumer(&queue, &db, None, BATCH, Some(BATCH));
+        for _ in 0..BATCH {
+            assert!(second.step("delivered").await.ends_with("redelivered=true"));
+        }
+        let expected = match crash_point {
+            "after_commit" => "redelivered=true duplicate",
+            _ => "redelivered=true processed",
+        };
+        for _ in 0..BATCH {
+            let outcome = second.step("outcome").await;
+            assert!(outcome.ends_with(expected), "{outcome}");
+        }
+        second.step("done").await;
+        second.exits_successfully().await;
+
+        assert_eq!(db.effects().await, BATCH as i64, "exactly one effect each");
+        assert_eq!(db.records().await, BATCH as i64);
+        assert_eq!(queue_state(&channel, &queue).await, (0, 0));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_batch_before_commit_the_redeliveries_apply_once_postgres() {
+    let Some(db) = Db::postgres("rabbit_batch_before_commit", 2).await else {
+        return;
+    };
+    killed_batch_consumer(db, "before_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_batch_commit_before_its_acks_the_redeliveries_are_duplicates_postgres() {
+    let Some(db) = Db::postgres("rabbit_batch_after_commit", 2).await else {
+        return;
+    };
+    killed_batch_consumer(db, "after_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_batch_before_commit_the_redeliveries_apply_once_sqlite() {
+    let db = Db::sqlite("rabbit_batch_before_commit", 2).await;
+    killed_batch_consumer(db, "before_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_batch_commit_before_its_acks_the_redeliveries_are_duplicates_sqlite() {
+    let db = Db::sqlite("rabbit_batch_after_commit", 2).await;
+    killed_batch_consumer(db, "after_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_batch_before_commit_the_redeliveries_apply_once_mysql() {
+    let Some(db) = Db::mysql("rabbit_batch_before_commit", 2).await else {
+        return;
+    };
+    killed_batch_consumer(db, "before_commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_batch_commit_before_its_acks_the_redeliveries_are_duplicates_mysql() {
+    let Some(db) = Db::mysql("rabbit_batch_after_commit", 2).await else {
+        return;
+    };
+    killed_batch_consumer(db, "after_commit").await;
 }

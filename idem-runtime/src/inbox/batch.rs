@@ -24,6 +24,7 @@ use super::stage::{reset_lock_timeout, set_lock_timeout};
 use super::{Delivery, Inbox, MessageKey, fingerprint};
 use crate::backend::{Backend, Param, Record, is_conflict, is_lock_timeout};
 use crate::error::Error;
+use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
 use crate::work::retry::Backoff;
 use crate::work::stored::{Codec, bounded, codec, replay};
@@ -257,6 +258,7 @@ impl<DB: Backend> Plan<DB> for BatchPlan<'_> {
                 commit: false,
             });
         }
+        reached(FaultPoint::Recorded);
         Ok(Entered::Run(BatchKept {
             group: self.inbox.group.clone(),
             entries,
