@@ -95,9 +95,10 @@ pub const STUCK: &str = "SELECT COUNT(*) AS stuck, MIN(lease_until) AS oldest \
 
 /// One bounded batch of retention (PostgreSQL): finished records of `$1` group last
 /// touched more than `$4` milliseconds before now (`$2`, NULL: the database's), at most
-/// `$3`, skipping rows another transaction holds.
-pub const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE ctid IN (\
-    SELECT ctid FROM idem_inbox \
+/// `$3`, skipping rows another transaction holds. Rows are named by `tableoid` and `ctid`
+/// together: a `ctid` alone repeats across the partitions of a partitioned table.
+pub const PURGE_POSTGRES: &str = "DELETE FROM idem_inbox WHERE (tableoid, ctid) IN (\
+    SELECT tableoid, ctid FROM idem_inbox \
     WHERE consumer_group = $1 AND updated_at < COALESCE($2, {now}) - $4 \
     AND status IN ('SUCCESS', 'FAILED') \
     LIMIT $3 FOR UPDATE SKIP LOCKED)";
@@ -179,14 +180,15 @@ pub const BATCH_SELECT_MYSQL: &str = "SELECT STRAIGHT_JOIN b.message_key, b.stat
 /// A batch's results, in one statement: `$1` group, `$2` a JSON array of `{"k": key, "r":
 /// result}` (`r` the result's JSON as a string, or `null` for none), one per message whose
 /// handler ran. Clears the batch's mark (see [`BATCH_INSERT`]). Each message probes the
-/// primary key (as in [`BATCH_SELECT`]) and its row is updated by its `ctid`: the batch
+/// primary key (as in [`BATCH_SELECT`]) and its row is updated by its `ctid` (with its
+/// `tableoid`: a `ctid` repeats across the partitions of a partitioned table): the batch
 /// holds the row's lock, so it cannot move meanwhile.
 pub const BATCH_STORE: &str = "UPDATE idem_inbox SET result = v.r, lease_until = NULL \
-    FROM (SELECT b.ctid AS row_id, j.r \
+    FROM (SELECT b.tableoid AS part, b.ctid AS row_id, j.r \
     FROM json_to_recordset(CAST($2 AS json)) AS j(k text, r text) \
-    CROSS JOIN LATERAL (SELECT ctid FROM idem_inbox \
+    CROSS JOIN LATERAL (SELECT tableoid, ctid FROM idem_inbox \
     WHERE consumer_group = $1 AND message_key = j.k OFFSET 0) AS b) AS v \
-    WHERE idem_inbox.ctid = v.row_id";
+    WHERE idem_inbox.tableoid = v.part AND idem_inbox.ctid = v.row_id";
 
 /// [`BATCH_STORE`] on SQLite (the `IN` list makes each key a probe of the primary key).
 pub const BATCH_STORE_SQLITE: &str = "UPDATE idem_inbox \
