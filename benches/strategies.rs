@@ -77,6 +77,9 @@ enum Strategy {
     HandWritten,
     /// The floor on SQLite through a single connection (one writer, no busy waiting).
     HandWrittenOneConnection,
+    /// The floor that also stores the first result as idem does (a row in `idem_results`,
+    /// in the same transaction): what storing costs in itself, against idem's stored form.
+    HandWrittenStored,
     /// By hand, with idem's statements (PostgreSQL: the UPDATE that classifies a miss;
     /// SQLite: the UPDATE and idem's classifying read): tells the statements' cost from the
     /// runtime's.
@@ -103,6 +106,7 @@ impl Strategy {
             Strategy::HandWrittenOneStatement => "one-statement",
             Strategy::HandWritten => "floor",
             Strategy::HandWrittenOneConnection => "floor-1",
+            Strategy::HandWrittenStored => "floor-stored",
             Strategy::HandWrittenIdemStatement => "idem-statement",
             Strategy::CheckThenAct => "check-then-act",
             Strategy::ForUpdate => "for-update",
@@ -122,6 +126,7 @@ impl Strategy {
             Strategy::HandWrittenOneStatement => "hand-written, one autocommit UPDATE",
             Strategy::HandWritten => "hand-written (floor)",
             Strategy::HandWrittenOneConnection => "hand-written, 1 connection",
+            Strategy::HandWrittenStored => "hand-written, result stored",
             Strategy::HandWrittenIdemStatement => "hand-written, idem's statement",
             Strategy::CheckThenAct => "check-then-act",
             Strategy::ForUpdate => "SELECT … FOR UPDATE",
@@ -353,6 +358,45 @@ macro_rules! backend {
                     .await?;
                 tx.commit().await?;
                 Ok(true)
+            }
+
+            /// The floor, storing the first result as idem does: a row of `idem_results`
+            /// with the result's JSON, in the same transaction.
+            async fn hand_written_stored(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
+                let mut tx = begin_write(pool).await?;
+                let updated = sqlx::query(
+                    q("UPDATE orders SET status = 'PAID', version = version + 1 \
+                     WHERE order_id = $1 AND status = 'CREATED'"),
+                )
+                .bind(order_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if updated == 1 {
+                    sqlx::query(q(PAYMENT))
+                        .bind(order_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(q("INSERT INTO idem_results \
+                         (machine, entity_key, from_state, to_state, result) \
+                         VALUES ('Order', $1, 'CREATED', 'PAID', $2)"))
+                    .bind(order_id.to_string())
+                    .bind((order_id * 100).to_string())
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    return Ok(true);
+                }
+                // A duplicate: the first result, replayed.
+                let stored: Option<String> = sqlx::query_scalar(q("SELECT result FROM idem_results \
+                     WHERE machine = 'Order' AND entity_key = $1 \
+                     AND from_state = 'CREATED' AND to_state = 'PAID'"))
+                .bind(order_id.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+                tx.rollback().await?;
+                assert!(stored.is_some(), "a duplicate replays the first result");
+                Ok(false)
             }
 
             async fn hand_written(pool: &P, order_id: i64) -> Result<bool, sqlx::Error> {
@@ -588,6 +632,9 @@ macro_rules! backend {
                             .await
                             .map_err(|e| e.to_string())
                     }
+                    Strategy::HandWrittenStored => hand_written_stored(pool, order_id)
+                        .await
+                        .map_err(|e| e.to_string()),
                     Strategy::HandWrittenIdemStatement => idem_statement(pool, order_id)
                         .await
                         .map_err(|e| e.to_string()),
@@ -1000,9 +1047,10 @@ fn with_statement_log<T>(f: impl AsyncFnOnce() -> T) -> T {
 }
 
 /// The strategies measured on a database server (PostgreSQL, MariaDB).
-const SERVER_STRATEGIES: [Strategy; 13] = [
+const SERVER_STRATEGIES: [Strategy; 14] = [
     Strategy::Idem,
     Strategy::IdemStored,
+    Strategy::HandWrittenStored,
     Strategy::IdemTraced,
     Strategy::IdemInTransaction,
     Strategy::IdemColumnsInBody,
@@ -1118,6 +1166,7 @@ fn main() {
     let strategies = selected(&[
         Strategy::Idem,
         Strategy::IdemStored,
+        Strategy::HandWrittenStored,
         Strategy::IdemTraced,
         Strategy::IdemInTransaction,
         Strategy::IdemColumnsInBody,

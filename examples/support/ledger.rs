@@ -32,8 +32,8 @@ pub async fn database(database_url: Option<String>, file: &str) -> Result<Sqlite
     Ok(pool)
 }
 
-/// Prints what `inbox` counted over the examples' 8 deliveries of 5 payments and what the
-/// ledger holds, and returns the latter: its rows and the sum of their amounts.
+/// Prints what `inbox` counted and what the ledger holds, and returns the latter: its rows
+/// and the sum of their amounts.
 pub async fn summary(pool: &SqlitePool, inbox: &Inbox) -> Result<(i64, i64)> {
     let counters = inbox.counters();
     let (rows, total): (i64, i64) =
@@ -41,7 +41,7 @@ pub async fn summary(pool: &SqlitePool, inbox: &Inbox) -> Result<(i64, i64)> {
             .fetch_one(pool)
             .await?;
     println!(
-        "8 deliveries of 5 payments: {} applied, {} duplicates absorbed; ledger: {rows} rows, {total} in total",
+        "deliveries: {} applied, {} duplicates absorbed; ledger: {rows} rows, {total} in total",
         counters.applied, counters.duplicates
     );
     Ok((rows, total))
