@@ -56,6 +56,7 @@ mod migrations;
 mod nats;
 mod outbox;
 mod outbox_brokers;
+mod partitions;
 mod pgbouncer_session;
 mod postgres_types;
 mod rabbitmq;

@@ -23,6 +23,7 @@ pub mod ident;
 pub mod inbox;
 pub mod limits;
 pub mod outbox;
+pub mod partition;
 pub mod placeholder;
 pub mod spelling;
 pub mod transition;

@@ -46,6 +46,27 @@ impl MessageKey {
         MessageKey::new(format!("{}#{position}", self.0))
     }
 
+    /// This key dated with the day (UTC) of `at`, the message's own time: `~dYYYY-MM-DD/`
+    /// before the key, e.g. `~d2026-12-05/order:42:paid`.
+    ///
+    /// For an inbox table partitioned by day ([`partitions`](crate::inbox::partitions)):
+    /// the day names the partition the record lives in and is dropped with. It must be the
+    /// same on every delivery of the message, producer retries included, so take it from
+    /// the message itself (the event's time, the time the producer first sent it), never
+    /// from the moment of a delivery. `Err` if the dated key is longer than 255 bytes.
+    pub fn dated(&self, at: std::time::SystemTime) -> Result<MessageKey, KeyError> {
+        let millis = match at.duration_since(std::time::UNIX_EPOCH) {
+            Ok(since) => since.as_millis() as i64,
+            Err(before) => -(before.duration().as_millis() as i64),
+        };
+        let day = crate::inbox::partitions::day_of(millis.div_euclid(86_400_000));
+        MessageKey::new(format!(
+            "{}{}",
+            idem_sql::partition::day_prefix(&day),
+            self.0
+        ))
+    }
+
     /// The key as stored.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -94,5 +115,34 @@ mod tests {
         assert_eq!(MessageKey::new(""), Err(KeyError::Empty));
         assert!(MessageKey::message_id("x".repeat(256)).is_err());
         assert!(MessageKey::new("a\u{0}b").is_err());
+    }
+
+    #[test]
+    fn a_dated_key_starts_with_its_day_in_utc() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let key = MessageKey::business("order:42", "paid").unwrap();
+        // 2026-12-05T23:59:59.999Z and a millisecond later.
+        let late = UNIX_EPOCH + Duration::from_millis(1_796_515_199_999);
+        assert_eq!(
+            key.dated(late).unwrap().as_str(),
+            "~d2026-12-05/order:42:paid"
+        );
+        let next = late + Duration::from_millis(1);
+        assert_eq!(
+            key.dated(next).unwrap().as_str(),
+            "~d2026-12-06/order:42:paid"
+        );
+        assert_eq!(
+            key.dated(UNIX_EPOCH - Duration::from_millis(1))
+                .unwrap()
+                .as_str(),
+            "~d1969-12-31/order:42:paid"
+        );
+        assert!(
+            MessageKey::new("x".repeat(250))
+                .unwrap()
+                .dated(late)
+                .is_err()
+        );
     }
 }

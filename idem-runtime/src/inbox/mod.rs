@@ -24,6 +24,7 @@ pub(crate) mod delivery;
 mod gather;
 mod key;
 mod leased;
+pub mod partitions;
 mod record;
 mod retention;
 mod sql;

@@ -1,0 +1,258 @@
+//! The inbox's table partitioned by day, for dedup tables at a hundred million records
+//! (PostgreSQL): retention drops a whole day at once instead of deleting its records, and a
+//! lookup still probes one index.
+//!
+//! A message whose key is dated ([`MessageKey::dated`](super::MessageKey::dated): the day
+//! of the message's own time before its key) is recorded in the partition of its day;
+//! [`partition`] turns `idem_inbox` into the partitioned table (once; existing records are
+//! moved into it), and [`maintain`] keeps the window of days (creates the days ahead, drops
+//! the days past `keep_days`), by the database's clock. Keys without a day (the HTTP
+//! layer's, undated message keys) live in two partitions of their own and are purged as
+//! before ([`Inbox::purge`](super::Inbox::purge)). The layout, and why the primary key
+//! still makes a second record of a message impossible, is `idem_sql::partition`'s.
+//!
+//! A delivery of a dated message older than the window (its day dropped) is recorded in
+//! the past partition, which the next [`maintain`] empties: it is processed again, as a
+//! delivery after [`Inbox::purge`](super::Inbox::purge) removed its record would be. Keep
+//! the window longer than the longest a broker may redeliver, as for the purge's retention.
+
+use crate::backend::{Backend, Dialect, begin_write};
+use idem_sql::partition::{self as sql, AFTER_DATED, Bound, DATED};
+use sqlx::Pool;
+use std::collections::BTreeSet;
+
+const UNDATED_LOW: &str = "idem_inbox_undated_low";
+const UNDATED_HIGH: &str = "idem_inbox_undated_high";
+const PAST: &str = "idem_inbox_dated_past";
+const FUTURE: &str = "idem_inbox_dated_future";
+/// Every dated key, before the first [`maintain`] splits it into days.
+const REST: &str = "idem_inbox_dated_rest";
+
+/// What [`maintain`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Maintained {
+    /// The day partitions created (`idem_inbox_dYYYYMMDD`).
+    pub created: Vec<String>,
+    /// The day partitions dropped, with their records (their failed and dead ones copied
+    /// into `idem_inbox_failures` first).
+    pub dropped: Vec<String>,
+}
+
+/// Makes `idem_inbox` a table partitioned by day (PostgreSQL): creates it so if it does not
+/// exist, or moves an existing one's records into it, in one transaction; does nothing if it
+/// is partitioned already. Run it once, after [`migrate`](crate::migrate), then
+/// [`maintain`] (at start-up and daily).
+///
+/// Moving an existing table's records rewrites them all while holding the table: do it in a
+/// quiet hour. Refused on SQLite and MySQL, with an error that says so.
+pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    postgres_only::<DB>(pool)?;
+    let (mut tx, _writer) = begin_write(pool).await?;
+    let exists = DB::fetch(
+        &mut tx,
+        "SELECT CAST(CAST(to_regclass('idem_inbox') IS NOT NULL AS INTEGER) AS BIGINT) AS found",
+        &[],
+    )
+    .await?
+    .and_then(|row| row.int("found"))
+        == Some(1);
+    let partitioned = exists
+        && DB::fetch(&mut tx, sql::POSTGRES_IS_PARTITIONED, &[])
+            .await?
+            .and_then(|row| row.int("partitioned"))
+            == Some(1);
+    if partitioned {
+        return tx.commit().await;
+    }
+    if exists {
+        DB::execute_script(
+            &mut tx,
+            "ALTER INDEX IF EXISTS idem_inbox_pkey RENAME TO idem_inbox_unpartitioned_pkey; \
+             ALTER INDEX IF EXISTS idem_inbox_updated_at RENAME TO idem_inbox_unpartitioned_updated_at; \
+             ALTER TABLE idem_inbox RENAME TO idem_inbox_unpartitioned",
+        )
+        .await?;
+    }
+    let mut ddl = vec![
+        sql::POSTGRES_TABLE.to_owned(),
+        sql::postgres_partition(UNDATED_LOW, &Bound::Min, &Bound::Key(DATED)),
+        sql::postgres_partition(REST, &Bound::Key(DATED), &Bound::Key(AFTER_DATED)),
+        sql::postgres_partition(UNDATED_HIGH, &Bound::Key(AFTER_DATED), &Bound::Max),
+        sql::POSTGRES_UPDATED_AT.to_owned(),
+        sql::POSTGRES_FAILURES.to_owned(),
+    ];
+    if exists {
+        ddl.push(sql::postgres_reinsert("idem_inbox_unpartitioned"));
+        ddl.push(sql::postgres_drop("idem_inbox_unpartitioned"));
+    }
+    for statement in &ddl {
+        DB::execute_script(&mut tx, statement).await?;
+    }
+    tx.commit().await
+}
+
+/// Keeps the window of days of a partitioned `idem_inbox` ([`partition`]), by the
+/// database's clock: a partition for every day from `keep_days` days ago to `ahead_days`
+/// days ahead (UTC), the days before dropped with their records (failed and dead ones
+/// copied into `idem_inbox_failures` first). One transaction, which holds the inbox's table
+/// for as long as it runs (creating and dropping tables, and moving the few records a
+/// catch-all partition holds); it waits at most 5 s for the table, then gives up with the
+/// database's lock-timeout error, to be run again later. Nothing to do, it changes nothing.
+///
+/// Run it at start-up and daily (with `ahead_days` of at least 1, a missed day changes
+/// nothing). A record lives from `keep_days` to `keep_days + 1` days.
+pub async fn maintain<DB: Backend>(
+    pool: &Pool<DB>,
+    keep_days: u32,
+    ahead_days: u32,
+) -> Result<Maintained, sqlx::Error> {
+    postgres_only::<DB>(pool)?;
+    let (mut tx, _writer) = begin_write(pool).await?;
+    DB::execute_script(&mut tx, "SET LOCAL lock_timeout = '5s'").await?;
+    let today = DB::fetch(&mut tx, sql::POSTGRES_TODAY, &[])
+        .await?
+        .and_then(|row| row.int("today"))
+        .ok_or_else(|| sqlx::Error::Protocol("idem: the database gave no date".into()))?;
+    let first = today - i64::from(keep_days);
+    let last = today + i64::from(ahead_days);
+    let names: Vec<String> = DB::fetch_all(&mut tx, sql::POSTGRES_PARTITIONS, &[])
+        .await?
+        .into_iter()
+        .filter_map(|mut row| row.take_text("name"))
+        .collect();
+    let days: BTreeSet<i64> = names.iter().filter_map(|n| day_named(n)).collect();
+    let catch_alls: Vec<&str> = [PAST, FUTURE, REST]
+        .into_iter()
+        .filter(|c| names.iter().any(|n| n == c))
+        .collect();
+    let wanted: BTreeSet<i64> = (first..=last).collect();
+    let to_drop: Vec<i64> = days.range(..first).copied().collect();
+    let to_create: Vec<i64> = wanted.difference(&days).copied().collect();
+    if to_drop.is_empty() && to_create.is_empty() && catch_alls == [PAST, FUTURE] {
+        tx.commit().await?;
+        return Ok(Maintained::default());
+    }
+    // The catch-alls' bounds follow the days: detached, remade around the new days, and
+    // their records routed again.
+    for catch_all in &catch_alls {
+        DB::execute_script(&mut tx, &sql::postgres_detach(catch_all)).await?;
+        let old = format!("{catch_all}_old");
+        DB::execute_script(&mut tx, &sql::postgres_rename(catch_all, &old)).await?;
+    }
+    let mut done = Maintained::default();
+    for day in &to_drop {
+        let name = sql::day_partition(&day_of(*day));
+        DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
+        DB::execute_script(&mut tx, &sql::postgres_drop(&name)).await?;
+        done.dropped.push(name);
+    }
+    for day in &to_create {
+        let date = day_of(*day);
+        let (from, to) = (sql::day_prefix(&date), sql::day_prefix(&day_of(day + 1)));
+        let name = sql::day_partition(&date);
+        let create = sql::postgres_partition(&name, &Bound::Key(&from), &Bound::Key(&to));
+        DB::execute_script(&mut tx, &create).await?;
+        done.created.push(name);
+    }
+    let newest = days.iter().copied().chain(to_create).max().unwrap_or(last);
+    let (past_to, future_from) = (
+        sql::day_prefix(&day_of(first)),
+        sql::day_prefix(&day_of(newest + 1)),
+    );
+    for (name, from, to) in [
+        (PAST, Bound::Key(DATED), Bound::Key(&past_to)),
+        (FUTURE, Bound::Key(&future_from), Bound::Key(AFTER_DATED)),
+    ] {
+        DB::execute_script(&mut tx, &sql::postgres_partition(name, &from, &to)).await?;
+    }
+    for catch_all in &catch_alls {
+        let old = format!("{catch_all}_old");
+        if *catch_all == PAST {
+            // Messages older than the window: dropped with it.
+            DB::execute_script(&mut tx, &sql::postgres_keep_failures(&old)).await?;
+        } else {
+            DB::execute_script(&mut tx, &sql::postgres_reinsert(&old)).await?;
+        }
+        DB::execute_script(&mut tx, &sql::postgres_drop(&old)).await?;
+    }
+    tx.commit().await?;
+    Ok(done)
+}
+
+fn postgres_only<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    match DB::pool_dialect(pool)? {
+        Dialect::Postgres => Ok(()),
+        other => Err(sqlx::Error::Configuration(
+            format!(
+                "idem: an inbox partitioned by day is for PostgreSQL; on {} purge the inbox \
+                 (`Inbox::purge`) instead",
+                other.system_name()
+            )
+            .into(),
+        )),
+    }
+}
+
+/// The day a partition named `idem_inbox_dYYYYMMDD` holds, in days since 1970-01-01.
+fn day_named(name: &str) -> Option<i64> {
+    let digits = name.strip_prefix("idem_inbox_d")?;
+    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (y, m, d) = (
+        digits[..4].parse().ok()?,
+        digits[4..6].parse().ok()?,
+        digits[6..].parse().ok()?,
+    );
+    Some(days_from_civil(y, m, d))
+}
+
+/// `YYYY-MM-DD` of a day counted from 1970-01-01 (proleptic Gregorian, UTC).
+pub(crate) fn day_of(days: i64) -> String {
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Days from 1970-01-01 to `y-m-d`.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_dates_agree() {
+        assert_eq!(day_of(0), "1970-01-01");
+        assert_eq!(day_of(-1), "1969-12-31");
+        assert_eq!(day_of(20_792), "2026-12-05");
+        assert_eq!(day_of(11_016), "2000-02-29");
+        for day in -800_000..800_000 {
+            let date = day_of(day);
+            let name = format!("idem_inbox_d{}", date.replace('-', ""));
+            if day >= -719_162 {
+                // Years 0001 onwards name their partition in eight digits.
+                assert_eq!(day_named(&name), Some(day), "{date}");
+            }
+        }
+        assert_eq!(day_named("idem_inbox_dated_past"), None);
+        assert_eq!(day_named("idem_inbox_d2026120"), None);
+    }
+}

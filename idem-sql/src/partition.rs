@@ -1,0 +1,193 @@
+//! The inbox's table partitioned by day (PostgreSQL), and the DDL that keeps its window of
+//! days.
+//!
+//! **Dated keys carry their partition.** A dated message key starts with [`DATED`], the
+//! day of the message's own time (UTC) and a slash: `~d2026-12-05/order:42:paid`. The table
+//! is partitioned by range of `message_key` (compared byte for byte, `COLLATE "C"`), one
+//! partition a day, so the primary key `(consumer_group, message_key)` still holds across
+//! the whole table (it contains the partitioning column), a lookup names its one partition,
+//! and retention drops a whole day at once. Every redelivery of a message carries the same
+//! day, since the day is part of its key.
+//!
+//! The ranges, contiguous from the least key to the greatest:
+//!
+//! | partition | keys |
+//! |---|---|
+//! | `idem_inbox_undated_low` | below `~d`: keys without a day (HTTP keys, undated message keys) |
+//! | `idem_inbox_dated_past` | `~d` up to the first kept day: days already dropped (a message older than the window) |
+//! | `idem_inbox_dYYYYMMDD` | one day each, over the window |
+//! | `idem_inbox_dated_future` | after the last day made, up to `~e` |
+//! | `idem_inbox_undated_high` | from `~e`: keys without a day that sort after the dated ones |
+
+/// The prefix of a dated message key, before its day (`YYYY-MM-DD`) and a slash.
+pub const DATED: &str = "~d";
+
+/// The first key after every dated one.
+pub const AFTER_DATED: &str = "~e";
+
+/// The partitioned table, as the shipped migration's `idem_inbox` with its key compared byte
+/// for byte (the partitions' bounds are byte ranges).
+pub const POSTGRES_TABLE: &str = "CREATE TABLE idem_inbox (\
+    consumer_group TEXT NOT NULL, \
+    message_key TEXT COLLATE \"C\" NOT NULL, \
+    fingerprint TEXT NOT NULL, \
+    status TEXT NOT NULL, \
+    attempts BIGINT NOT NULL, \
+    result TEXT, \
+    error TEXT, \
+    lease_until BIGINT, \
+    created_at BIGINT NOT NULL, \
+    updated_at BIGINT NOT NULL, \
+    PRIMARY KEY (consumer_group, message_key)) \
+    PARTITION BY RANGE (message_key)";
+
+/// The index retention reads by age, on every partition.
+pub const POSTGRES_UPDATED_AT: &str =
+    "CREATE INDEX IF NOT EXISTS idem_inbox_updated_at ON idem_inbox (updated_at)";
+
+/// Where the failed and dead records of a dropped day are kept, for the people who look at
+/// them (the sources keep failures longer than successes).
+pub const POSTGRES_FAILURES: &str = "CREATE TABLE IF NOT EXISTS idem_inbox_failures (\
+    consumer_group TEXT NOT NULL, \
+    message_key TEXT COLLATE \"C\" NOT NULL, \
+    fingerprint TEXT NOT NULL, \
+    status TEXT NOT NULL, \
+    attempts BIGINT NOT NULL, \
+    result TEXT, \
+    error TEXT, \
+    lease_until BIGINT, \
+    created_at BIGINT NOT NULL, \
+    updated_at BIGINT NOT NULL, \
+    PRIMARY KEY (consumer_group, message_key))";
+
+/// Whether `idem_inbox` is partitioned: one row, `partitioned`.
+pub const POSTGRES_IS_PARTITIONED: &str = "SELECT CAST(CAST(relkind = 'p' AS INTEGER) AS BIGINT) AS partitioned \
+    FROM pg_class WHERE oid = CAST(CAST('idem_inbox' AS regclass) AS oid)";
+
+/// The partitions of `idem_inbox`, one row each: `name`.
+pub const POSTGRES_PARTITIONS: &str = "SELECT CAST(c.relname AS TEXT) AS name \
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+    WHERE i.inhparent = CAST(CAST('idem_inbox' AS regclass) AS oid) ORDER BY c.relname";
+
+/// The database's day (UTC), as days since 1970-01-01: one row, `today`.
+pub const POSTGRES_TODAY: &str =
+    "SELECT CAST(CAST(now() AT TIME ZONE 'UTC' AS date) - DATE '1970-01-01' AS BIGINT) AS today";
+
+/// The name of the partition of `day` (`YYYY-MM-DD`): `idem_inbox_dYYYYMMDD`.
+pub fn day_partition(day: &str) -> String {
+    format!("idem_inbox_d{}", day.replace('-', ""))
+}
+
+/// The prefix of the keys of `day` (`YYYY-MM-DD`): `~dYYYY-MM-DD/`.
+pub fn day_prefix(day: &str) -> String {
+    format!("{DATED}{day}/")
+}
+
+/// A partition of `idem_inbox` named `name`, for the keys from `from` up to `to` (each a
+/// literal bound, or `MINVALUE`/`MAXVALUE`). Bounds are idem's own text (digits, `~`, `-`,
+/// `/`), never a caller's.
+pub fn postgres_partition(name: &str, from: &Bound<'_>, to: &Bound<'_>) -> String {
+    format!(
+        "CREATE TABLE {name} PARTITION OF idem_inbox FOR VALUES FROM ({}) TO ({})",
+        from.sql(),
+        to.sql()
+    )
+}
+
+/// Detaches partition `name` from `idem_inbox`.
+pub fn postgres_detach(name: &str) -> String {
+    format!("ALTER TABLE idem_inbox DETACH PARTITION {name}")
+}
+
+/// Renames table `name` to `to`.
+pub fn postgres_rename(name: &str, to: &str) -> String {
+    format!("ALTER TABLE {name} RENAME TO {to}")
+}
+
+/// Drops table `name`.
+pub fn postgres_drop(name: &str) -> String {
+    format!("DROP TABLE {name}")
+}
+
+/// Copies the failed and dead records of table `name` into `idem_inbox_failures`.
+pub fn postgres_keep_failures(name: &str) -> String {
+    format!(
+        "INSERT INTO idem_inbox_failures SELECT * FROM {name} \
+         WHERE status IN ('FAILED', 'DEAD') ON CONFLICT DO NOTHING"
+    )
+}
+
+/// Routes every row of table `name` through `idem_inbox` again (into the partitions that
+/// now hold their keys).
+pub fn postgres_reinsert(name: &str) -> String {
+    format!("INSERT INTO idem_inbox SELECT * FROM {name}")
+}
+
+/// A partition bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound<'a> {
+    /// Below every key.
+    Min,
+    /// This key (a literal of idem's own: digits, `~`, `-`, `/`, letters).
+    Key(&'a str),
+    /// Above every key.
+    Max,
+}
+
+impl Bound<'_> {
+    fn sql(&self) -> String {
+        match self {
+            Bound::Min => "MINVALUE".into(),
+            Bound::Key(key) => {
+                assert!(
+                    key.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '~' | '-' | '/')),
+                    "a partition bound is idem's own text: {key}"
+                );
+                format!("'{key}'")
+            }
+            Bound::Max => "MAXVALUE".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_name_their_partition_and_their_keys() {
+        assert_eq!(day_partition("2026-12-05"), "idem_inbox_d20261205");
+        assert_eq!(day_prefix("2026-12-05"), "~d2026-12-05/");
+        // Byte order: undated keys below `~d`, a day's keys between its prefix and the next
+        // day's, every dated key below `~e`.
+        let keys = [
+            "order:42:paid",
+            "~d2026-12-05/order:42:paid",
+            "~d2026-12-06/",
+            "~e",
+        ];
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+        assert!("~d" < "~d2026-12-05/" && "~d9999-12-31/z" < AFTER_DATED);
+        assert_eq!(
+            postgres_partition(
+                "idem_inbox_d20261205",
+                &Bound::Key("~d2026-12-05/"),
+                &Bound::Key("~d2026-12-06/")
+            ),
+            "CREATE TABLE idem_inbox_d20261205 PARTITION OF idem_inbox \
+             FOR VALUES FROM ('~d2026-12-05/') TO ('~d2026-12-06/')"
+        );
+        assert_eq!(
+            postgres_partition("idem_inbox_undated_low", &Bound::Min, &Bound::Key(DATED)),
+            "CREATE TABLE idem_inbox_undated_low PARTITION OF idem_inbox \
+             FOR VALUES FROM (MINVALUE) TO ('~d')"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a partition bound is idem's own text")]
+    fn a_bound_is_never_a_callers_text() {
+        postgres_partition("p", &Bound::Key("x'); DROP TABLE t; --"), &Bound::Max);
+    }
+}
