@@ -95,9 +95,10 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 /// Keeps the window of days of a partitioned `idem_inbox` ([`partition`]), by the
 /// database's clock: a partition for every day from `keep_days` days ago to `ahead_days`
 /// days ahead (UTC), the days before dropped with their records (failed and dead ones
-/// copied into `idem_inbox_failures` first). One transaction, which holds the inbox's table
+/// copied into `idem_inbox_failures` first). Two transactions: the first copies the
+/// failures of the days to drop while deliveries go on; the second holds the inbox's table
 /// for as long as it runs (creating and dropping tables, and moving the few records a
-/// catch-all partition holds); it waits at most 5 s for the table, then gives up with the
+/// catch-all partition holds), waits at most 5 s for it, and otherwise gives up with the
 /// database's lock-timeout error, to be run again later. Nothing to do, it changes nothing.
 ///
 /// Run it at start-up and daily (with `ahead_days` of at least 1, a missed day changes
@@ -108,31 +109,35 @@ pub async fn maintain<DB: Backend>(
     ahead_days: u32,
 ) -> Result<Maintained, sqlx::Error> {
     postgres_only::<DB>(pool)?;
+    // First, without holding the inbox's table: the failures of the days about to go are
+    // copied, each day read once, while deliveries go on.
+    let (mut tx, _writer) = begin_write(pool).await?;
+    let plan = Plan::read::<DB>(&mut tx, keep_days, ahead_days).await?;
+    for day in &plan.to_drop {
+        let name = sql::day_partition(&day_of(*day));
+        DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
+    }
+    tx.commit().await?;
+    if plan.nothing_to_do() {
+        return Ok(Maintained::default());
+    }
+    // Then the partitions, in a transaction that holds the table: short.
+    let copied = plan.to_drop;
     let (mut tx, _writer) = begin_write(pool).await?;
     DB::execute_script(&mut tx, "SET LOCAL lock_timeout = '5s'").await?;
-    let today = DB::fetch(&mut tx, sql::POSTGRES_TODAY, &[])
-        .await?
-        .and_then(|row| row.int("today"))
-        .ok_or_else(|| sqlx::Error::Protocol("idem: the database gave no date".into()))?;
-    let first = today - i64::from(keep_days);
-    let last = today + i64::from(ahead_days);
-    let names: Vec<String> = DB::fetch_all(&mut tx, sql::POSTGRES_PARTITIONS, &[])
-        .await?
-        .into_iter()
-        .filter_map(|mut row| row.take_text("name"))
-        .collect();
-    let days: BTreeSet<i64> = names.iter().filter_map(|n| day_named(n)).collect();
-    let catch_alls: Vec<&str> = [PAST, FUTURE, REST]
-        .into_iter()
-        .filter(|c| names.iter().any(|n| n == c))
-        .collect();
-    let wanted: BTreeSet<i64> = (first..=last).collect();
-    let to_drop: Vec<i64> = days.range(..first).copied().collect();
-    let to_create: Vec<i64> = wanted.difference(&days).copied().collect();
-    if to_drop.is_empty() && to_create.is_empty() && catch_alls == [PAST, FUTURE] {
+    let plan = Plan::read::<DB>(&mut tx, keep_days, ahead_days).await?;
+    if plan.nothing_to_do() {
         tx.commit().await?;
         return Ok(Maintained::default());
     }
+    let Plan {
+        first,
+        last,
+        days,
+        catch_alls,
+        to_drop,
+        to_create,
+    } = plan;
     // The catch-alls' bounds follow the days: detached, remade around the new days, and
     // their records routed again.
     for catch_all in &catch_alls {
@@ -143,7 +148,10 @@ pub async fn maintain<DB: Backend>(
     let mut done = Maintained::default();
     for day in &to_drop {
         let name = sql::day_partition(&day_of(*day));
-        DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
+        if !copied.contains(day) {
+            // A day that went past the window since the copy (midnight came in between).
+            DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
+        }
         DB::execute_script(&mut tx, &sql::postgres_drop(&name)).await?;
         done.dropped.push(name);
     }
@@ -178,6 +186,61 @@ pub async fn maintain<DB: Backend>(
     }
     tx.commit().await?;
     Ok(done)
+}
+
+/// What [`maintain`] finds to do, read in a transaction.
+struct Plan {
+    /// The first day kept.
+    first: i64,
+    /// The last day made ahead.
+    last: i64,
+    /// The day partitions there are.
+    days: BTreeSet<i64>,
+    /// The catch-all partitions of dated keys there are.
+    catch_alls: Vec<&'static str>,
+    /// The days to drop, before `first`.
+    to_drop: Vec<i64>,
+    /// The days to create.
+    to_create: Vec<i64>,
+}
+
+impl Plan {
+    async fn read<DB: Backend>(
+        tx: &mut DB::Connection,
+        keep_days: u32,
+        ahead_days: u32,
+    ) -> Result<Plan, sqlx::Error> {
+        let today = DB::fetch(tx, sql::POSTGRES_TODAY, &[])
+            .await?
+            .and_then(|row| row.int("today"))
+            .ok_or_else(|| sqlx::Error::Protocol("idem: the database gave no date".into()))?;
+        let first = today - i64::from(keep_days);
+        let last = today + i64::from(ahead_days);
+        let names: Vec<String> = DB::fetch_all(tx, sql::POSTGRES_PARTITIONS, &[])
+            .await?
+            .into_iter()
+            .filter_map(|mut row| row.take_text("name"))
+            .collect();
+        let days: BTreeSet<i64> = names.iter().filter_map(|n| day_named(n)).collect();
+        let catch_alls = [PAST, FUTURE, REST]
+            .into_iter()
+            .filter(|c| names.iter().any(|n| n == c))
+            .collect();
+        let to_drop = days.range(..first).copied().collect();
+        let to_create = (first..=last).filter(|d| !days.contains(d)).collect();
+        Ok(Plan {
+            first,
+            last,
+            days,
+            catch_alls,
+            to_drop,
+            to_create,
+        })
+    }
+
+    fn nothing_to_do(&self) -> bool {
+        self.to_drop.is_empty() && self.to_create.is_empty() && self.catch_alls == [PAST, FUTURE]
+    }
 }
 
 fn postgres_only<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
