@@ -98,8 +98,9 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 /// copied into `idem_inbox_failures` first). Two transactions: the first copies the
 /// failures of the days to drop while deliveries go on; the second holds the inbox's table
 /// for as long as it runs (creating and dropping tables, and moving the few records a
-/// catch-all partition holds), waits at most 5 s for it, and otherwise gives up with the
-/// database's lock-timeout error, to be run again later. Nothing to do, it changes nothing.
+/// catch-all partition holds), waits at most 1 s for it (deliveries queue behind a
+/// transaction waiting for the table), and otherwise gives up with the database's
+/// lock-timeout error, to be run again later. Nothing to do, it changes nothing.
 ///
 /// Run it at start-up and daily (with `ahead_days` of at least 1, a missed day changes
 /// nothing). A record lives from `keep_days` to `keep_days + 1` days.
@@ -124,7 +125,8 @@ pub async fn maintain<DB: Backend>(
     // Then the partitions, in a transaction that holds the table: short.
     let copied = plan.to_drop;
     let (mut tx, _writer) = begin_write(pool).await?;
-    DB::execute_script(&mut tx, "SET LOCAL lock_timeout = '5s'").await?;
+    // While it waits for the table, deliveries queue behind it: it waits little.
+    DB::execute_script(&mut tx, "SET LOCAL lock_timeout = '1s'").await?;
     let plan = Plan::read::<DB>(&mut tx, keep_days, ahead_days).await?;
     if plan.nothing_to_do() {
         tx.commit().await?;
