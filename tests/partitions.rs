@@ -1,7 +1,8 @@
-//! The inbox partitioned by day (PostgreSQL, `idem::inbox::partitions`): an existing inbox
-//! turned into the partitioned table with its records; every form of idem on it; a day past
-//! the window dropped with its records (its failures kept); and deliveries racing the
-//! maintenance that moves records between partitions, each applied once.
+//! The inbox partitioned by day (`idem::inbox::partitions`), on PostgreSQL and MariaDB: an
+//! existing inbox turned into the partitioned table with its records; every form of idem on
+//! it (PostgreSQL); a day past the window dropped with its records (its failures kept); and
+//! deliveries racing the maintenance that moves records between partitions, each applied
+//! once.
 
 use crate::common;
 use crate::pg_forms::{consume, effects, every_form, prepare};
@@ -372,13 +373,254 @@ async fn deliveries_racing_the_maintenance_apply_once() {
 }
 
 #[tokio::test]
-async fn partitions_are_refused_off_postgresql_with_a_reason() {
+async fn partitions_are_refused_on_sqlite_with_a_reason() {
     let pool = common::sqlite_memory().await;
     idem::migrate(&pool).await.unwrap();
     let refused = partitions::partition(&pool).await.unwrap_err().to_string();
-    assert!(
-        refused.contains("partitioned by day is for PostgreSQL"),
-        "{refused}"
-    );
+    assert!(refused.contains("on SQLite purge the inbox"), "{refused}");
     assert!(partitions::maintain(&pool, 3, 1).await.is_err());
+}
+
+/// The same on MariaDB, where the table is partitioned in place and its ranges are
+/// contiguous (a message older than the window lands in the oldest day kept).
+mod mysql {
+    use super::*;
+    use sqlx::{MySql, MySqlPool, Transaction};
+
+    #[idem::idempotent(inbox = "inbox", message = "key", payload = "payload")]
+    async fn consume(
+        tx: &mut Transaction<'_, MySql>,
+        inbox: &Inbox,
+        key: &MessageKey,
+        payload: &[u8],
+        order_id: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let _ = payload;
+        sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (?, 'consume', 0)")
+            .bind(order_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(order_id * 10)
+    }
+
+    async fn setup(name: &str) -> Option<MySqlPool> {
+        let pool = common::mysql(&format!("{name}_{}", common::next_id()), 8).await?;
+        idem::migrate(&pool).await.unwrap();
+        Some(pool)
+    }
+
+    async fn today(pool: &MySqlPool) -> i64 {
+        sqlx::query_scalar("SELECT CAST(DATEDIFF(UTC_DATE(), '1970-01-01') AS SIGNED)")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    /// The partition holding `key`'s record in `group`, if any.
+    async fn partition_of(pool: &MySqlPool, group: &str, key: &MessageKey) -> Option<String> {
+        let partitions: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(partition_name AS CHAR) FROM information_schema.PARTITIONS \
+             WHERE table_schema = DATABASE() AND table_name = 'idem_inbox' \
+             ORDER BY partition_ordinal_position",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        for name in partitions {
+            let found: i64 = sqlx::query_scalar(&format!(
+                "SELECT COUNT(*) FROM idem_inbox PARTITION ({name}) \
+                 WHERE consumer_group = ? AND message_key = ?"
+            ))
+            .bind(group)
+            .bind(key.as_str())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if found > 0 {
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    async fn consumed(pool: &MySqlPool) -> Vec<(i64, i64)> {
+        sqlx::query_as(
+            "SELECT order_id, COUNT(*) FROM effects WHERE kind = 'consume' \
+             GROUP BY order_id ORDER BY order_id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_existing_inbox_is_partitioned_and_its_days_kept() {
+        let Some(pool) = setup("partition_my").await else {
+            return;
+        };
+        let inbox = Inbox::new("billing").unwrap().max_attempts(3);
+        let day = today(&pool).await;
+        let undated = MessageKey::business("order:1", "paid").unwrap();
+        assert!(
+            consume(&pool, &inbox, &undated, b"m", 1)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+        assert!(
+            consume(&pool, &inbox, &dated(2, day), b"m", 2)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+
+        partitions::partition(&pool).await.unwrap();
+        partitions::partition(&pool).await.unwrap();
+        let duplicate = |r: i64| Delivery::Duplicate {
+            first_result: Some(r),
+        };
+        assert_eq!(
+            consume(&pool, &inbox, &undated, b"m", 1).await.unwrap(),
+            duplicate(10)
+        );
+        assert_eq!(
+            consume(&pool, &inbox, &dated(2, day), b"m", 2)
+                .await
+                .unwrap(),
+            duplicate(20)
+        );
+        assert_eq!(
+            partition_of(&pool, "billing", &dated(2, day))
+                .await
+                .as_deref(),
+            Some("idem_inbox_dated_future")
+        );
+
+        let made = partitions::maintain(&pool, 2, 1).await.unwrap();
+        assert_eq!(made.created.len(), 4, "{made:?}");
+        assert_eq!(
+            partitions::maintain(&pool, 2, 1).await.unwrap(),
+            Maintained::default()
+        );
+        let today_partition = partition_of(&pool, "billing", &dated(2, day))
+            .await
+            .unwrap();
+        assert!(made.created.contains(&today_partition), "{made:?}");
+        assert_eq!(
+            partition_of(&pool, "billing", &undated).await.as_deref(),
+            Some("idem_inbox_undated_low")
+        );
+
+        // Two days ago: a success and a failure, then that day dropped.
+        let old = dated(3, day - 2);
+        assert!(
+            consume(&pool, &inbox, &old, b"m", 3)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+        let failing = dated(4, day - 2);
+        let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap()
+        else {
+            panic!("a first delivery works")
+        };
+        assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+        let dropped = partitions::maintain(&pool, 1, 1).await.unwrap();
+        assert_eq!(dropped.dropped.len(), 1, "{dropped:?}");
+        assert_eq!(partition_of(&pool, "billing", &old).await, None);
+        let kept: Vec<(String, String)> =
+            sqlx::query_as("SELECT CAST(message_key AS CHAR), status FROM idem_inbox_failures")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            kept,
+            vec![(failing.as_str().to_owned(), "FAILED".to_owned())]
+        );
+        // Older than the window: processed again, in the oldest day kept.
+        assert!(
+            consume(&pool, &inbox, &old, b"m", 3)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+        assert!(
+            partition_of(&pool, "billing", &old)
+                .await
+                .unwrap()
+                .starts_with("idem_inbox_d")
+        );
+        assert_eq!(consumed(&pool).await, vec![(1, 1), (2, 1), (3, 2)]);
+        // A batch of dated messages, and its redelivery.
+        let batch: Vec<(MessageKey, Vec<u8>)> = [5, 6, 5]
+            .into_iter()
+            .map(|n| (dated(n, day), b"m".to_vec()))
+            .collect();
+        for round in 0..2 {
+            let settled = inbox
+                .batch(&pool, &batch, |_, (key, _)| {
+                    Box::pin(async move { Ok::<_, String>(key.as_str().len() as i64) })
+                })
+                .await
+                .unwrap();
+            let kinds: Vec<&str> = settled.iter().map(|s| s.as_ref().unwrap().kind()).collect();
+            match round {
+                0 => assert_eq!(kinds, ["processed", "processed", "duplicate"]),
+                _ => assert_eq!(kinds, ["duplicate", "duplicate", "duplicate"]),
+            }
+        }
+    }
+
+    /// Sixteen tasks deliver 128 dated messages four times each, in rounds, while the
+    /// maintenance splits the partition of days not made yet, day by day: each applied
+    /// once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deliveries_racing_the_maintenance_apply_once() {
+        let Some(pool) = setup("partition_my_race").await else {
+            return;
+        };
+        partitions::partition(&pool).await.unwrap();
+        partitions::maintain(&pool, 1, 0).await.unwrap();
+        let day = today(&pool).await;
+        let inbox = Inbox::new("race").unwrap();
+        let calls: Vec<i64> = (0..4).flat_map(|_| 1..=128).collect();
+        let calls = Arc::new(std::sync::Mutex::new(calls));
+        let mut tasks = JoinSet::new();
+        for _ in 0..16 {
+            let (pool, inbox, calls) = (pool.clone(), inbox.clone(), calls.clone());
+            tasks.spawn(async move {
+                let mut outcomes = Vec::new();
+                loop {
+                    let Some(n) = calls.lock().unwrap().pop() else {
+                        return outcomes;
+                    };
+                    let key = dated(n, day + n % 5);
+                    let delivery = consume(&pool, &inbox, &key, b"m", n).await.unwrap();
+                    outcomes.push((n, delivery));
+                }
+            });
+        }
+        while inbox.counters().applied < 16 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for ahead in 1..=4 {
+            let maintained = partitions::maintain(&pool, 1, ahead).await.unwrap();
+            assert_eq!(maintained.created.len(), 1, "{maintained:?}");
+        }
+        let mut processed: HashMap<i64, usize> = HashMap::new();
+        while let Some(done) = tasks.join_next().await {
+            for (n, delivery) in done.unwrap() {
+                match delivery {
+                    Delivery::Processed(_) => *processed.entry(n).or_default() += 1,
+                    Delivery::Duplicate { first_result } => assert_eq!(first_result, Some(n * 10)),
+                    other => panic!("message {n}: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(processed.len(), 128);
+        assert!(processed.values().all(|&p| p == 1), "{processed:?}");
+        let effects = consumed(&pool).await;
+        assert_eq!(effects.len(), 128);
+        assert!(effects.iter().all(|(_, n)| *n == 1));
+    }
 }

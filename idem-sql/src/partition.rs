@@ -1,5 +1,5 @@
-//! The inbox's table partitioned by day (PostgreSQL), and the DDL that keeps its window of
-//! days.
+//! The inbox's table partitioned by day (PostgreSQL, MariaDB/MySQL), and the DDL that keeps
+//! its window of days.
 //!
 //! **Dated keys carry their partition.** A dated message key starts with [`DATED`], the
 //! day of the message's own time (UTC) and a slash: `~d2026-12-05/order:42:paid`. The table
@@ -18,6 +18,9 @@
 //! | `idem_inbox_dYYYYMMDD` | one day each, over the window |
 //! | `idem_inbox_dated_future` | after the last day made, up to `~e` |
 //! | `idem_inbox_undated_high` | from `~e`: keys without a day that sort after the dated ones |
+//!
+//! On MariaDB/MySQL (`RANGE COLUMNS`, whose ranges are contiguous) there is no past
+//! partition: the oldest day's partition holds the days before it.
 
 /// The prefix of a dated message key, before its day (`YYYY-MM-DD`) and a slash.
 pub const DATED: &str = "~d";
@@ -121,6 +124,80 @@ pub fn postgres_keep_failures(name: &str) -> String {
 /// now hold their keys).
 pub fn postgres_reinsert(name: &str) -> String {
     format!("INSERT INTO idem_inbox SELECT * FROM {name}")
+}
+
+/// MariaDB/MySQL: `idem_inbox` partitioned in place by range of its key (a byte string,
+/// `VARBINARY`): the undated keys below `~d`, every dated key in one partition until
+/// [`mysql_split_future`] makes its days, the undated keys from `~e`. Ranges are contiguous
+/// here: the oldest day's partition also holds the days before it (a message older than the
+/// window), and goes with it.
+pub const MYSQL_PARTITION_BY: &str = "ALTER TABLE idem_inbox PARTITION BY RANGE COLUMNS(message_key) (\
+    PARTITION idem_inbox_undated_low VALUES LESS THAN ('~d'), \
+    PARTITION idem_inbox_dated_future VALUES LESS THAN ('~e'), \
+    PARTITION idem_inbox_undated_high VALUES LESS THAN (MAXVALUE))";
+
+/// MariaDB/MySQL: [`POSTGRES_FAILURES`], as the inbox's own columns are there.
+pub const MYSQL_FAILURES: &str = "CREATE TABLE IF NOT EXISTS idem_inbox_failures (\
+    consumer_group VARBINARY(255) NOT NULL, \
+    message_key VARBINARY(255) NOT NULL, \
+    fingerprint VARCHAR(64) NOT NULL, \
+    status VARCHAR(16) NOT NULL, \
+    attempts BIGINT NOT NULL, \
+    result LONGTEXT, \
+    error LONGTEXT, \
+    lease_until BIGINT, \
+    created_at BIGINT NOT NULL, \
+    updated_at BIGINT NOT NULL, \
+    PRIMARY KEY (consumer_group, message_key)) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4";
+
+/// MariaDB/MySQL: the partitions of `idem_inbox` in order, one row each: `name` (none if it
+/// is not partitioned).
+pub const MYSQL_PARTITIONS: &str = "SELECT CAST(partition_name AS CHAR) AS name \
+    FROM information_schema.PARTITIONS \
+    WHERE table_schema = DATABASE() AND table_name = 'idem_inbox' AND partition_name IS NOT NULL \
+    ORDER BY partition_ordinal_position";
+
+/// MariaDB/MySQL: the database's day (UTC), in days since 1970-01-01: one row, `today`.
+pub const MYSQL_TODAY: &str = "SELECT CAST(DATEDIFF(UTC_DATE(), '1970-01-01') AS SIGNED) AS today";
+
+/// MariaDB/MySQL: the wait for the table's metadata lock, bounded to 1 s for the statements
+/// that follow (deliveries queue behind a statement waiting for it); the session's own
+/// value kept for [`MYSQL_RESET_LOCK_WAIT`].
+pub const MYSQL_SET_LOCK_WAIT: &str =
+    "SET @idem_lock_wait = @@SESSION.lock_wait_timeout, SESSION lock_wait_timeout = 1";
+
+/// MariaDB/MySQL: the session's own metadata-lock wait, back.
+pub const MYSQL_RESET_LOCK_WAIT: &str = "SET SESSION lock_wait_timeout = @idem_lock_wait";
+
+/// MariaDB/MySQL: the partition of dated keys not made yet split into `days` (each a name
+/// and the prefix of the day after it, in order), then itself.
+pub fn mysql_split_future(days: &[(String, String)]) -> String {
+    let mut into = String::new();
+    for (name, next) in days {
+        into.push_str(&format!(
+            "PARTITION {name} VALUES LESS THAN ({}), ",
+            Bound::Key(next).sql()
+        ));
+    }
+    format!(
+        "ALTER TABLE idem_inbox REORGANIZE PARTITION idem_inbox_dated_future INTO \
+         ({into}PARTITION idem_inbox_dated_future VALUES LESS THAN ('{AFTER_DATED}'))"
+    )
+}
+
+/// MariaDB/MySQL: drops partitions `names` of `idem_inbox`, with their records.
+pub fn mysql_drop(names: &[String]) -> String {
+    format!("ALTER TABLE idem_inbox DROP PARTITION {}", names.join(", "))
+}
+
+/// MariaDB/MySQL: copies the failed and dead records of partition `name` into
+/// `idem_inbox_failures` (values of idem's own table: `IGNORE` skips only those copied
+/// before).
+pub fn mysql_keep_failures(name: &str) -> String {
+    format!(
+        "INSERT IGNORE INTO idem_inbox_failures SELECT * FROM idem_inbox PARTITION ({name}) \
+         WHERE status IN ('FAILED', 'DEAD')"
+    )
 }
 
 /// A partition bound.

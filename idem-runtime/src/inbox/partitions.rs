@@ -1,6 +1,6 @@
 //! The inbox's table partitioned by day, for dedup tables at a hundred million records
-//! (PostgreSQL): retention drops a whole day at once instead of deleting its records, and a
-//! lookup still probes one index.
+//! (PostgreSQL, MariaDB/MySQL): retention drops a whole day at once instead of deleting its
+//! records, and a lookup still probes one index.
 //!
 //! A message whose key is dated ([`MessageKey::dated`](super::MessageKey::dated): the day
 //! of the message's own time before its key) is recorded in the partition of its day;
@@ -12,8 +12,9 @@
 //! still makes a second record of a message impossible, is `idem_sql::partition`'s.
 //!
 //! A delivery of a dated message older than the window (its day dropped) is recorded in
-//! the past partition, which the next [`maintain`] empties: it is processed again, as a
-//! delivery after [`Inbox::purge`](super::Inbox::purge) removed its record would be. Keep
+//! the past partition, which the next [`maintain`] empties (MariaDB/MySQL: in the oldest
+//! day kept, which goes with its day): it is processed again, as a delivery after
+//! [`Inbox::purge`](super::Inbox::purge) removed its record would be. Keep
 //! the window longer than the longest a broker may redeliver, as for the purge's retention.
 
 use crate::backend::{Backend, Dialect, begin_write};
@@ -39,15 +40,20 @@ pub struct Maintained {
     pub dropped: Vec<String>,
 }
 
-/// Makes `idem_inbox` a table partitioned by day (PostgreSQL): creates it so if it does not
-/// exist, or moves an existing one's records into it, in one transaction; does nothing if it
-/// is partitioned already. Run it once, after [`migrate`](crate::migrate), then
-/// [`maintain`] (at start-up and daily).
+/// Makes `idem_inbox` a table partitioned by day, once (nothing to do, it does nothing).
+/// Run it after [`migrate`](crate::migrate), then [`maintain`] (at start-up and daily).
 ///
-/// Moving an existing table's records rewrites them all while holding the table: do it in a
-/// quiet hour. Refused on SQLite and MySQL, with an error that says so.
+/// - PostgreSQL: creates the partitioned table, or moves an existing one's records into it,
+///   in one transaction;
+/// - MariaDB/MySQL: partitions the table in place (`ALTER TABLE … PARTITION BY RANGE
+///   COLUMNS (message_key)`), waiting at most 1 s for its metadata lock.
+///
+/// Either rewrites an existing table's records while holding it: do it in a quiet hour.
+/// Refused on SQLite, with an error that says so.
 pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    postgres_only::<DB>(pool)?;
+    if partitioned_dialect::<DB>(pool)? == Dialect::MySql {
+        return mysql::partition(pool).await;
+    }
     let (mut tx, _writer) = begin_write(pool).await?;
     let exists = DB::fetch(
         &mut tx,
@@ -93,7 +99,7 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 }
 
 /// Keeps the window of days of a partitioned `idem_inbox` ([`partition`]), by the
-/// database's clock: a partition for every day from `keep_days` days ago to `ahead_days`
+/// database's clock (PostgreSQL first; MariaDB/MySQL below): a partition for every day from `keep_days` days ago to `ahead_days`
 /// days ahead (UTC), the days before dropped with their records (failed and dead ones
 /// copied into `idem_inbox_failures` first). Two transactions: the first copies the
 /// failures of the days to drop while deliveries go on; the second holds the inbox's table
@@ -102,6 +108,12 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 /// transaction waiting for the table), and otherwise gives up with the database's
 /// lock-timeout error, to be run again later. Nothing to do, it changes nothing.
 ///
+/// On MariaDB/MySQL, where DDL is not transactional, the failures are copied first, then
+/// the days past are dropped and the days ahead made with one `ALTER TABLE` each (splitting
+/// the partition of days not made yet), each waiting at most 1 s for the table's metadata
+/// lock. Its ranges are contiguous: a message older than the window lands in the oldest
+/// day kept, and goes with it.
+///
 /// Run it at start-up and daily (with `ahead_days` of at least 1, a missed day changes
 /// nothing). A record lives from `keep_days` to `keep_days + 1` days.
 pub async fn maintain<DB: Backend>(
@@ -109,7 +121,9 @@ pub async fn maintain<DB: Backend>(
     keep_days: u32,
     ahead_days: u32,
 ) -> Result<Maintained, sqlx::Error> {
-    postgres_only::<DB>(pool)?;
+    if partitioned_dialect::<DB>(pool)? == Dialect::MySql {
+        return mysql::maintain(pool, keep_days, ahead_days).await;
+    }
     // First, without holding the inbox's table: the failures of the days about to go are
     // copied, each day read once, while deliveries go on.
     let (mut tx, _writer) = begin_write(pool).await?;
@@ -245,17 +259,114 @@ impl Plan {
     }
 }
 
-fn postgres_only<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+/// The pool's dialect, if it partitions the inbox (PostgreSQL, MariaDB/MySQL).
+fn partitioned_dialect<DB: Backend>(pool: &Pool<DB>) -> Result<Dialect, sqlx::Error> {
     match DB::pool_dialect(pool)? {
-        Dialect::Postgres => Ok(()),
-        other => Err(sqlx::Error::Configuration(
-            format!(
-                "idem: an inbox partitioned by day is for PostgreSQL; on {} purge the inbox \
-                 (`Inbox::purge`) instead",
-                other.system_name()
-            )
-            .into(),
+        Dialect::Sqlite => Err(sqlx::Error::Configuration(
+            "idem: an inbox partitioned by day is for PostgreSQL and MariaDB/MySQL; on SQLite \
+             purge the inbox (`Inbox::purge`) instead"
+                .into(),
         )),
+        dialect => Ok(dialect),
+    }
+}
+
+/// MariaDB/MySQL, where DDL is not transactional: each statement stands on its own, and
+/// waits at most 1 s for the table's metadata lock.
+mod mysql {
+    use super::{Maintained, day_named, day_of};
+    use crate::backend::Backend;
+    use idem_sql::partition as sql;
+    use sqlx::Pool;
+
+    pub(super) async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        if !DB::fetch_all(&mut conn, sql::MYSQL_PARTITIONS, &[])
+            .await?
+            .is_empty()
+        {
+            return Ok(());
+        }
+        DB::execute_script(&mut conn, sql::MYSQL_FAILURES).await?;
+        bounded::<DB>(&mut conn, &[sql::MYSQL_PARTITION_BY.to_owned()]).await
+    }
+
+    pub(super) async fn maintain<DB: Backend>(
+        pool: &Pool<DB>,
+        keep_days: u32,
+        ahead_days: u32,
+    ) -> Result<Maintained, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let today = DB::fetch(&mut conn, sql::MYSQL_TODAY, &[])
+            .await?
+            .and_then(|row| row.int("today"))
+            .ok_or_else(|| sqlx::Error::Protocol("idem: the database gave no date".into()))?;
+        let names: Vec<String> = DB::fetch_all(&mut conn, sql::MYSQL_PARTITIONS, &[])
+            .await?
+            .into_iter()
+            .filter_map(|mut row| row.take_text("name"))
+            .collect();
+        if names.is_empty() {
+            return Err(sqlx::Error::Configuration(
+                "idem: idem_inbox is not partitioned; run idem::inbox::partitions::partition first"
+                    .into(),
+            ));
+        }
+        let days: Vec<i64> = names.iter().filter_map(|n| day_named(n)).collect();
+        let first = today - i64::from(keep_days);
+        let last = today + i64::from(ahead_days);
+        // The days past the window: their failures copied, then the partitions dropped (the
+        // next day's partition takes their range: a message older than the window lands
+        // in the oldest day kept, and goes with it).
+        let mut done = Maintained {
+            dropped: days
+                .iter()
+                .filter(|day| **day < first)
+                .map(|day| sql::day_partition(&day_of(*day)))
+                .collect(),
+            ..Maintained::default()
+        };
+        for name in &done.dropped {
+            DB::execute_script(&mut conn, &sql::mysql_keep_failures(name)).await?;
+        }
+        let mut ddl = Vec::new();
+        if !done.dropped.is_empty() {
+            ddl.push(sql::mysql_drop(&done.dropped));
+        }
+        // The days ahead, split from the partition of days not made yet.
+        let newest = days.iter().copied().max().unwrap_or(first - 1);
+        let made: Vec<(String, String)> = (first.max(newest + 1)..=last)
+            .map(|day| {
+                let name = sql::day_partition(&day_of(day));
+                (name, sql::day_prefix(&day_of(day + 1)))
+            })
+            .collect();
+        if !made.is_empty() {
+            ddl.push(sql::mysql_split_future(&made));
+        }
+        done.created = made.into_iter().map(|(name, _)| name).collect();
+        bounded::<DB>(&mut conn, &ddl).await?;
+        Ok(done)
+    }
+
+    /// Runs `ddl` with the metadata-lock wait bounded, then puts the session's own back.
+    async fn bounded<DB: Backend>(
+        conn: &mut DB::Connection,
+        ddl: &[String],
+    ) -> Result<(), sqlx::Error> {
+        if ddl.is_empty() {
+            return Ok(());
+        }
+        DB::execute_script(conn, sql::MYSQL_SET_LOCK_WAIT).await?;
+        let mut done = Ok(());
+        for statement in ddl {
+            done = DB::execute_script(conn, statement).await;
+            if done.is_err() {
+                break;
+            }
+        }
+        let reset = DB::execute_script(conn, sql::MYSQL_RESET_LOCK_WAIT).await;
+        done.and(reset)
     }
 }
 
