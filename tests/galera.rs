@@ -614,3 +614,117 @@ async fn leased_claims_racing_on_three_nodes_are_retried_by_idem() {
         "each message worked once"
     );
 }
+
+/// Batches of deliveries (`Inbox::batch`) racing on three nodes: each node's consumer takes
+/// the same 40 messages in batches of 10, at the same moment. Two nodes recording the same
+/// message find out at the second's COMMIT (a certification failure, which runs the batch
+/// again) or when the first's write reaches the second (its transaction aborted: the batch
+/// fails whole, nothing of it acked, and is delivered again). Each message is processed once,
+/// its effect written once, every delivery in the end acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_racing_on_three_nodes_apply_each_message_once() {
+    const MESSAGES: i64 = 40;
+    let _turn = CLUSTER.lock().await;
+    let Some(pools) = galera_cluster::pools("galera_batches", &tables(), 4).await else {
+        return;
+    };
+    let inbox = Inbox::new("galera-batches").unwrap();
+    let conflicts_before = conflicts(&pools).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    let mut tasks = JoinSet::new();
+    for (node, pool) in pools.iter().enumerate() {
+        let (pool, inbox, barrier) = (pool.clone(), inbox.clone(), barrier.clone());
+        tasks.spawn(async move {
+            let mut processed = Vec::new();
+            let mut refused = 0;
+            for first in (1..=MESSAGES).step_by(10) {
+                let mut pending: Vec<(MessageKey, Vec<u8>)> = (first..first + 10)
+                    .map(|k| (message_key(k), b"m".to_vec()))
+                    .collect();
+                // The three nodes' batches of the same messages leave at the same moment.
+                barrier.wait().await;
+                for _ in 0..200 {
+                    if pending.is_empty() {
+                        break;
+                    }
+                    let settled = inbox
+                        .batch(&pool, &pending, |tx, (key, _)| {
+                            Box::pin(async move {
+                                let order: i64 = key.as_str()[6..].trim_end_matches(":paid").parse().unwrap();
+                                sqlx::query(placed(
+                                    "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'batch', $2)",
+                                ))
+                                .bind(order)
+                                .bind(node as i64)
+                                .execute(&mut **tx)
+                                .await?;
+                                Ok::<_, sqlx::Error>(order)
+                            })
+                        })
+                        .await;
+                    let Ok(settled) = settled else {
+                        // Refused whole by the cluster: nothing acked, delivered again.
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    let mut again = Vec::new();
+                    for (message, settled) in pending.into_iter().zip(settled) {
+                        match settled {
+                            Ok(Delivery::Processed(order)) => processed.push(order),
+                            Ok(Delivery::Duplicate { .. }) => {}
+                            // Its handler's statement met the other node's write: tried again.
+                            _ => again.push(message),
+                        }
+                    }
+                    pending = again;
+                }
+                assert!(pending.is_empty(), "node {}: {pending:?}", node + 1);
+            }
+            (processed, refused)
+        });
+    }
+    let (mut processed, mut refused) = (Vec::new(), 0);
+    while let Some(each) = tasks.join_next().await {
+        let (mine, times) = each.unwrap();
+        processed.extend(mine);
+        refused += times;
+    }
+    processed.sort_unstable();
+    eprintln!(
+        "batches refused whole by the cluster: {refused}; the nodes' certification failures \
+         and aborted transactions meanwhile: {}",
+        conflicts(&pools).await - conflicts_before
+    );
+    assert_eq!(
+        processed,
+        (1..=MESSAGES).collect::<Vec<_>>(),
+        "each message processed once"
+    );
+    for pool in &pools {
+        assert_eq!(
+            effects(pool, "batch").await,
+            once_each(MESSAGES),
+            "on every node"
+        );
+    }
+}
+
+/// The certification failures and the transactions aborted by replicated writes, summed over
+/// the nodes: the conflicts Galera found.
+async fn conflicts(pools: &[MySqlPool]) -> i64 {
+    let mut total = 0;
+    for pool in pools {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_local_cert_failures', 'wsrep_local_bf_aborts')",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        total += rows
+            .iter()
+            .map(|(_, v)| v.parse::<i64>().unwrap_or(0))
+            .sum::<i64>();
+    }
+    total
+}
