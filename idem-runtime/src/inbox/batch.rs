@@ -345,19 +345,7 @@ impl BatchPlan<'_> {
             if row.int("lease_until") == Some(MARK) {
                 continue;
             }
-            let Some(now) = row.int("now") else {
-                return Err(
-                    inbox.corrupt(&lead.key, "the database returned no time with the record")
-                );
-            };
-            let stored = Stored {
-                status: row.take_text("status"),
-                fingerprint: row.take_text("fingerprint"),
-                attempts: row.int("attempts").unwrap_or(0),
-                result: row.take_text("result"),
-                error: row.take_text("error"),
-                lease_until: row.int("lease_until"),
-            };
+            let (stored, now) = inbox.stored(&mut row, &lead.key)?;
             entries.found[n] = match record::classify(stored.clone(), &lead.fingerprint, now) {
                 Found::Ended(ended) => Finding::Ended(ended),
                 // Failed before, or its lease expired: read again, locked, and retried as a

@@ -614,11 +614,21 @@ impl Inbox {
         let Some(mut row) = DB::fetch(conn, statement, &params).await? else {
             return Ok(None);
         };
-        // The time the lease is judged by, read with the record (the database's clock).
+        let (stored, now) = self.stored(&mut row, key)?;
+        Ok(Some(record::classify(stored, fingerprint, now)))
+    }
+
+    /// The record in `row` (read for `key`), and the time its lease is judged by, read with
+    /// it (the database's clock). A NULL status or fingerprint is kept as one: `classify`
+    /// refuses it.
+    pub(crate) fn stored(
+        &self,
+        row: &mut crate::backend::Record,
+        key: &MessageKey,
+    ) -> Result<(Stored, i64), Error<Infallible>> {
         let Some(now) = row.int("now") else {
             return Err(self.corrupt(key, "the database returned no time with the record"));
         };
-        // A NULL status or fingerprint is kept as one: `classify` refuses it.
         let stored = Stored {
             status: row.take_text("status"),
             fingerprint: row.take_text("fingerprint"),
@@ -627,6 +637,6 @@ impl Inbox {
             error: row.take_text("error"),
             lease_until: row.int("lease_until"),
         };
-        Ok(Some(record::classify(stored, fingerprint, now)))
+        Ok((stored, now))
     }
 }
