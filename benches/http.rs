@@ -5,25 +5,30 @@
 //! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench -p idem --bench http
 //! ```
 //!
-//! Four routes on one server, one handler each (insert one effect row, answer 201 with a body):
+//! Six routes on one server, one handler each (insert one effect row, answer 201 with a body):
 //! - `plain`: no idempotency; the handler begins and commits its own transaction;
 //! - `idem`: behind `IdempotencyLayer`, the handler writes through its `Tx`;
+//! - `idem-optimistic`: the same behind `IdempotencyLayer::optimistic` (the key recorded
+//!   with the response, just before the commit);
 //! - `by-hand`: the handler begins, inserts the key's digest into a key table
 //!   (`ON CONFLICT DO NOTHING`), on a conflict reads the stored response and replays it (or
 //!   answers 422 for another request), else writes the effect, stores the response, commits;
 //! - `by-hand-inbox`: the same by hand, with idem's statements on idem's table (its inbox
 //!   insert, its store of the response): tells the cost of idem's statements and schema from
-//!   the cost of its layer.
+//!   the cost of its layer;
+//! - `by-hand-optimistic`: `by-hand` in the optimistic form (the effect, then the key with
+//!   its response in one insert, then the commit; a taken key rolls back and replays): the
+//!   floor of `idem-optimistic`.
 //!
 //! Two workloads: every key once; every key twice (the second send a retry). 1, 8 and 32
 //! clients, each on its own keep-alive connection. Every cell runs each route `ROUNDS` times
 //! in a fresh random order per round; the table shows medians and the median of the
-//! per-round ratios to `by-hand`. Every run starts from empty tables after a checkpoint, and
+//! per-round ratios to `plain` (no idempotency). Every run starts from empty tables after a checkpoint, and
 //! reports the CPU time per request of this process (clients and server, and SQLite) and of
 //! PostgreSQL's processes (`/proc/<pid>/task/*/sched`): on two cores the throughput is
 //! bounded by CPU, and CPU time is far less noisy than throughput. `IDEM_BENCH_REQUESTS` (default 2000) and
 //! `IDEM_BENCH_ROUNDS` (default 5) scale it; `IDEM_BENCH_SQLITE=0` skips SQLite;
-//! `IDEM_BENCH_ROUTES=idem` runs only some routes (and `by-hand`, the baseline).
+//! `IDEM_BENCH_ROUTES=idem` runs only some routes (and `plain`, the baseline).
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -47,9 +52,16 @@ use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-const ROUTES: [&str; 4] = ["plain", "idem", "by-hand", "by-hand-inbox"];
+const ROUTES: [&str; 6] = [
+    "plain",
+    "idem",
+    "idem-optimistic",
+    "by-hand",
+    "by-hand-inbox",
+    "by-hand-optimistic",
+];
 /// The route the others are compared with.
-const BASELINE: usize = 2;
+const BASELINE: usize = 0;
 
 fn now_millis() -> i64 {
     std::time::SystemTime::now()
@@ -163,6 +175,54 @@ macro_rules! routes {
                 (StatusCode::CREATED, [(header::CONTENT_TYPE, "text/plain")], response).into_response()
             }
 
+            /// `by_hand` in the optimistic form: the effect first, then the key with its
+            /// response in one insert, just before the commit; a taken key rolls back and
+            /// replays.
+            async fn by_hand_optimistic(State(pool): State<$pool>, headers: HeaderMap, body: String) -> Response {
+                let key = key_of(&headers);
+                let digest = hex(&Sha256::digest(key.as_bytes()));
+                let fingerprint = hex(&Sha256::digest(format!("POST\n/by-hand\n{body}").as_bytes()));
+                let mut tx = pool.begin_with($begin).await.unwrap();
+                sqlx::query("INSERT INTO effects (request_key, body) VALUES ($1, $2)")
+                    .bind(&key)
+                    .bind(&body)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let response = format!("{{\"created\":{}}}", body.len());
+                let inserted = sqlx::query(
+                    "INSERT INTO http_keys (key_digest, fingerprint, status, response, created_at) \
+                     VALUES ($1, $2, 201, $3, $4) ON CONFLICT (key_digest) DO NOTHING",
+                )
+                .bind(&digest)
+                .bind(&fingerprint)
+                .bind(&response)
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await
+                .unwrap()
+                .rows_affected();
+                if inserted == 0 {
+                    let (stored_fingerprint, status, response): (String, Option<i64>, Option<String>) =
+                        sqlx::query_as(
+                            "SELECT fingerprint, status, response FROM http_keys WHERE key_digest = $1",
+                        )
+                        .bind(&digest)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .unwrap();
+                    tx.rollback().await.unwrap();
+                    if stored_fingerprint != fingerprint {
+                        return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+                    }
+                    let status = StatusCode::from_u16(status.unwrap_or(409) as u16).unwrap();
+                    return (status, [("idempotent-replayed", "true")], response.unwrap_or_default())
+                        .into_response();
+                }
+                tx.commit().await.unwrap();
+                (StatusCode::CREATED, [(header::CONTENT_TYPE, "text/plain")], response).into_response()
+            }
+
             /// `by_hand` with idem's own statements and table.
             async fn by_hand_inbox(State(pool): State<$pool>, headers: HeaderMap, body: String) -> Response {
                 let key = key_of(&headers);
@@ -229,9 +289,11 @@ macro_rules! routes {
                 let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("bench").unwrap()).unscoped();
                 let app = Router::new()
                     .route("/plain", post(plain))
-                    .route("/idem", post(idem_route).layer(layer))
+                    .route("/idem", post(idem_route).layer(layer.clone()))
+                    .route("/idem-optimistic", post(idem_route).layer(layer.optimistic()))
                     .route("/by-hand", post(by_hand))
                     .route("/by-hand-inbox", post(by_hand_inbox))
+                    .route("/by-hand-optimistic", post(by_hand_optimistic))
                     .with_state(pool);
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let addr = listener.local_addr().unwrap();
@@ -431,7 +493,7 @@ enum Db {
 async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: usize) {
     println!("\n### {name}\n");
     println!(
-        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to by-hand (min–max) | CPU µs/request: process, database server | duplicate effects |"
+        "| workload | clients | route | requests/s | p50 ms | p99 ms | ratio to plain (min–max) | CPU µs/request: process, database server | duplicate effects |"
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     // SQLite runs in this process: its CPU time is in the process's.
@@ -444,7 +506,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
         .filter(|&i| selected(i) && i != BASELINE)
         .collect();
     for (workload, sends) in [("every key once", 1), ("every key twice", 2)] {
-        // The chart: per clients, each route's ratio to by-hand.
+        // The chart: per clients, each route's ratio to plain.
         let mut groups = Vec::new();
         for clients in [1, 8, 32] {
             let mut runs: Vec<Vec<Run>> = ROUTES.iter().map(|_| Vec::new()).collect();
@@ -506,7 +568,7 @@ async fn bench(name: &str, db: Db, addr: SocketAddr, requests: usize, rounds: us
         let names: Vec<&str> = routes.iter().map(|&i| ROUTES[i]).collect();
         let svg = chart::bars(
             &format!("The Idempotency-Key layer, {name}: {workload}"),
-            "requests/s / by-hand key table",
+            "requests/s / no idempotency",
             &names,
             &groups,
             1.0,

@@ -469,7 +469,10 @@ async fn http_server<DB: idem::Backend>(
 ) -> std::net::SocketAddr {
     let layer =
         idem::http::IdempotencyLayer::new(pool, idem::inbox::Inbox::new("api").unwrap()).unscoped();
-    http_client::serve(axum::Router::new().route("/orders", route.layer(layer))).await
+    let app = axum::Router::new()
+        .route("/orders", route.clone().layer(layer.clone()))
+        .route("/optimistic", route.layer(layer.optimistic()));
+    http_client::serve(app).await
 }
 
 async fn http_statements(addr: std::net::SocketAddr) {
@@ -500,6 +503,30 @@ async fn http_statements(addr: std::net::SocketAddr) {
     );
     // A finished record is read, not locked: on PostgreSQL a row lock is a write.
     assert!(!inside[1].contains("FOR UPDATE"), "{log:#?}");
+
+    // The optimistic form: the handler's statement, then the record with its response.
+    let first = http_client::post(addr, "/optimistic", "k-2", "{}").await;
+    assert_eq!((first.status, first.body.as_str()), (200, "done"));
+    let log = take_log();
+    let inside = inside_transaction(&log);
+    assert_eq!(inside.len(), 2, "full log: {log:#?}");
+    assert_eq!(inside[0], BODY);
+    assert!(
+        inside[1].starts_with("INSERT INTO idem_inbox") && inside[1].contains("result"),
+        "{log:#?}"
+    );
+    // A repeat runs its handler, loses the key at the insert and reads the first's record
+    // (then rolls back).
+    let again = http_client::post(addr, "/optimistic", "k-2", "{}").await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, "done");
+    let log = take_log();
+    let inside = inside_transaction(&log);
+    assert_eq!(inside.len(), 3, "full log: {log:#?}");
+    assert!(
+        inside[2].starts_with("SELECT status, fingerprint"),
+        "{log:#?}"
+    );
 }
 
 /// The MySQL part of [`generated_sql_is_what_runs_and_round_trips_do_not_grow`].

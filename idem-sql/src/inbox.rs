@@ -40,6 +40,21 @@ pub const INSERT_MYSQL: &str = "INSERT INTO idem_inbox \
     (consumer_group, message_key, fingerprint, status, attempts, lease_until, created_at, updated_at) \
     VALUES ($1, $2, $3, $4, 1, COALESCE($6, {now}) + $5, COALESCE($6, {now}), COALESCE($6, {now}))";
 
+/// Records a delivery with its result at once, as the last statement before the commit of
+/// its handler's writes (the HTTP layer's optimistic form); does nothing if the key is
+/// recorded. `$1` group, `$2` key, `$3` fingerprint, `$4` result (NULL: none), `$5` now
+/// (NULL: the database's).
+pub const INSERT_DONE: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, result, created_at, updated_at) \
+    VALUES ($1, $2, $3, 'SUCCESS', 1, NULL, $4, COALESCE($5, {now}), COALESCE($5, {now})) \
+    ON CONFLICT (consumer_group, message_key) DO NOTHING";
+
+/// [`INSERT_DONE`] on MySQL: a recorded key fails with the duplicate-key error (1062), as
+/// [`INSERT_MYSQL`].
+pub const INSERT_DONE_MYSQL: &str = "INSERT INTO idem_inbox \
+    (consumer_group, message_key, fingerprint, status, attempts, lease_until, result, created_at, updated_at) \
+    VALUES ($1, $2, $3, 'SUCCESS', 1, NULL, $4, COALESCE($5, {now}), COALESCE($5, {now}))";
+
 /// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked),
 /// with the time its lease is judged by, `now` (`$3`, NULL: the database's).
 pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
@@ -227,6 +242,8 @@ pub struct InboxSql {
     pub insert: String,
     /// [`INSERT_UNLESS_BUSY`] on PostgreSQL; elsewhere [`insert`](Self::insert).
     pub insert_unless_busy: String,
+    /// [`INSERT_DONE`], [`INSERT_DONE_MYSQL`] on MySQL.
+    pub insert_done: String,
     /// [`SELECT`].
     pub select: String,
     /// [`SELECT_FOR_UPDATE`] where the read locks (PostgreSQL, MySQL).
@@ -273,6 +290,10 @@ impl InboxSql {
                 Dialect::Sqlite | Dialect::MySql => insert.clone(),
             },
             insert,
+            insert_done: spell(match dialect {
+                Dialect::MySql => INSERT_DONE_MYSQL,
+                Dialect::Postgres | Dialect::Sqlite => INSERT_DONE,
+            }),
             select: spell(SELECT),
             select_for_update: match dialect {
                 Dialect::Postgres | Dialect::MySql => Some(spell(SELECT_FOR_UPDATE)),

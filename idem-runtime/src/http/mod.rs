@@ -100,6 +100,8 @@ pub(crate) struct Config<DB: Backend> {
     retention: Duration,
     /// The leased mode ([`IdempotencyLayer::leased`]).
     leased: bool,
+    /// The optimistic form ([`IdempotencyLayer::optimistic`]).
+    optimistic: bool,
     /// One-time form tokens ([`IdempotencyLayer::form_tokens`]).
     tokens: Option<FormTokens>,
     in_flight: Arc<InFlight>,
@@ -141,6 +143,7 @@ impl<DB: Backend> IdempotencyLayer<DB, ScopeUnset> {
                 max_wait: DEFAULT_MAX_WAIT,
                 retention: DEFAULT_RETENTION,
                 leased: false,
+                optimistic: false,
                 tokens: None,
                 in_flight: Arc::default(),
             },
@@ -262,6 +265,30 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     pub fn leased(mut self, lease: Duration) -> Self {
         self.config.inbox = self.config.inbox.clone().lease(lease);
         self.config.leased = true;
+        self.config.optimistic = false;
+        self
+    }
+
+    /// The optimistic form, for handlers whose every effect is in their [`Tx`]: the key is
+    /// recorded together with the response, in one statement just before the commit,
+    /// instead of before the handler and again after it. A first request then costs one
+    /// statement more than the handler without idempotency (the default form costs two,
+    /// and a lock).
+    ///
+    /// What changes for a repeat: it runs the handler too, in its own transaction. Its
+    /// insert of the key waits for the first's commit (an instant: the first inserts its
+    /// record last) and finds the key taken, so its writes roll back and it gets the first
+    /// response (`Idempotent-Replayed: true`), where the default form answers a repeat
+    /// while the first runs with a 409 and never runs the handler. A repeat whose handler
+    /// answers with a status that is not stored (a 5xx, say, because its writes collided
+    /// with the first's) still gets the first response if the key is recorded by then. The
+    /// same key with another request is a 422, as always. Each request runs its handler's
+    /// writes at most once; effects outside the database would run again with every repeat:
+    /// for those, [`leased`](Self::leased). The last of `optimistic` and `leased` called
+    /// chooses the form.
+    pub fn optimistic(mut self) -> Self {
+        self.config.optimistic = true;
+        self.config.leased = false;
         self
     }
 
@@ -366,6 +393,7 @@ impl<DB: Backend> Clone for Config<DB> {
             max_wait: self.max_wait,
             retention: self.retention,
             leased: self.leased,
+            optimistic: self.optimistic,
             tokens: self.tokens.clone(),
             in_flight: self.in_flight.clone(),
         }

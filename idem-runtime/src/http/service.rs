@@ -82,7 +82,7 @@ async fn serve<S, DB, ReqBody, ResBody>(
 ) -> Result<Response<Body>, S::Error>
 where
     DB: Backend,
-    S: Service<Request<Body>, Response = Response<ResBody>> + Send,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send,
     S::Future: Send,
     ReqBody: HttpBody<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -101,7 +101,9 @@ where
         // No key on a route where it is optional: the handler still gets its
         // transaction, and nothing is recorded.
         let request = Request::from_parts(parts, Body::new(body));
-        return run(config, inner, request, &Unrecorded, None).await;
+        return run(config, inner, request, &Unrecorded, None)
+            .await
+            .map(Ran::response);
     }
     let scope = match &config.principal {
         Some(principal) => match principal(&parts) {
@@ -130,7 +132,9 @@ where
             return Ok(bad_key(&KeyProblem::Missing));
         }
         let request = Request::from_parts(parts, Body::from(body));
-        return run(config, inner, request, &Unrecorded, None).await;
+        return run(config, inner, request, &Unrecorded, None)
+            .await
+            .map(Ran::response);
     };
     if let Some(Err(problem)) = config.tokens.as_ref().map(|tokens| tokens.check(&key)) {
         return Ok(Problem::new(
@@ -146,6 +150,11 @@ where
         return Ok(server_error("the record key could not be formed"));
     };
     let fingerprint = fingerprint(&parts, &config.compared_headers, &body);
+    // The optimistic form runs a request again in the default form when the key's record
+    // turns out, at the commit, to be one to take over: the request is kept for that.
+    let again = config
+        .optimistic
+        .then(|| (parts.clone(), body.clone(), inner.clone()));
     let mut request = Request::from_parts(parts, Body::from(body));
     request.extensions_mut().insert(RequestKey(record.clone()));
     if config.leased {
@@ -162,10 +171,49 @@ where
     // layer's `max_wait`, then a 503. On PostgreSQL a first request of this key still
     // running in another process makes this one in progress at once (a 409), without
     // waiting for it; on MySQL after waiting for it at most `max_wait`.
-    let stage =
-        InboxStage::fingerprinted(&config.inbox, &message, fingerprint).unblocked(config.max_wait);
-    let plan = InboxPlan::new(stage, codec::<Result<StoredResponse, Infallible>>());
-    run(config, inner, request, &plan, Some(flight)).await
+    let stage = |fingerprint| {
+        InboxStage::fingerprinted(&config.inbox, &message, fingerprint).unblocked(config.max_wait)
+    };
+    let codec = codec::<Result<StoredResponse, Infallible>>;
+    let Some((parts, body, again)) = again else {
+        let plan = InboxPlan::new(stage(fingerprint), codec());
+        return run(config, inner, request, &plan, Some(flight))
+            .await
+            .map(Ran::response);
+    };
+    let plan = InboxPlan::new(stage(fingerprint.clone()).at_commit(), codec());
+    match run(config, inner, request, &plan, Some(flight)).await? {
+        Ran::Done(response) => Ok(response),
+        Ran::Again(flight) => {
+            let mut request = Request::from_parts(parts, Body::from(body));
+            request.extensions_mut().insert(RequestKey(record));
+            let plan = InboxPlan::new(stage(fingerprint), codec());
+            run(config, again, request, &plan, flight)
+                .await
+                .map(Ran::response)
+        }
+    }
+}
+
+/// How [`run`] ended.
+enum Ran {
+    /// With this response.
+    Done(Response<Body>),
+    /// The optimistic form's request found at the commit a record to take over (failed,
+    /// or its lease expired) or still in progress: its writes were rolled back, and it is
+    /// to run again in the default form (which takes the record over, or answers 409),
+    /// still holding its turn among the requests of its key in this process.
+    Again(Option<Flight>),
+}
+
+impl Ran {
+    fn response(self) -> Response<Body> {
+        match self {
+            Ran::Done(response) => response,
+            // Only the optimistic form's plan runs again, and its caller sees to it.
+            Ran::Again(_) => in_progress(None),
+        }
+    }
 }
 
 /// Begins the unit of work of `plan`, runs the handler in it if its stages let it, and
@@ -176,7 +224,7 @@ async fn run<S, DB, P, ResBody>(
     mut request: Request<Body>,
     plan: &P,
     flight: Option<Flight>,
-) -> Result<Response<Body>, S::Error>
+) -> Result<Ran, S::Error>
 where
     DB: Backend,
     S: Service<Request<Body>, Response = Response<ResBody>> + Send,
@@ -187,7 +235,7 @@ where
 {
     let work = match begin(&config.pool, plan).await {
         Begun::Run(work) => work,
-        Begun::Done(done) => return Ok(P::answer(done, Now::of(config))),
+        Begun::Done(done) => return Ok(Ran::Done(P::answer(done, Now::of(config)))),
     };
     let held = work.held();
     let slot = Slot::new(work.map_kept(P::slotted));
@@ -197,31 +245,41 @@ where
         // The handler kept its transaction past the request: it rolls back whenever that
         // ends, so nothing can be stored now.
         drop(flight);
-        return Ok(server_error(
+        return Ok(Ran::Done(server_error(
             "the handler kept its idem::http::Tx after it returned; nothing was committed",
-        ));
+        )));
     };
     let (parts, body) = response.into_parts();
     if !used || !(config.store_if)(parts.status) {
         // Not the handler's result to keep (it answered without its transaction), or
         // not kept by the policy (a 5xx: the retry runs again): nothing commits.
         drop(work);
+        // In the optimistic form, a repeat's handler may fail because the first's writes
+        // committed meanwhile: the first's response is the answer then.
+        let recalled = plan.recall(&config.pool).await;
         drop(flight);
-        return Ok(Response::from_parts(parts, Body::new(body)));
+        return Ok(Ran::Done(match recalled {
+            Some(done) => P::answer(done, Now::of(config)),
+            None => Response::from_parts(parts, Body::new(body)),
+        }));
     }
     let (body, stored) = match kept(config, &parts, body).await {
         Ok(kept) => kept,
         Err(failed) => {
             drop(work);
-            return Ok(failed);
+            return Ok(Ran::Done(failed));
         }
     };
     let finished = work.finish(plan, Ok::<_, Infallible>(stored)).await;
-    drop(flight);
-    match finished {
-        Ok(_) => Ok(Response::from_parts(parts, body)),
-        Err(e) => Ok(commit_failed(&e)),
-    }
+    Ok(Ran::Done(match finished {
+        Ok(reply) if P::processed(&reply) => Response::from_parts(parts, body),
+        // The optimistic form's request lost the key to a record it may not answer from.
+        Ok(reply) if P::runs_again(&reply) => return Ok(Ran::Again(flight)),
+        // The optimistic form's repeat: its writes rolled back at the commit, and it
+        // answers as the request that took the key first.
+        lost @ Ok(_) => P::answer(lost, Now::of(config)),
+        Err(e) => commit_failed(&e),
+    }))
 }
 
 /// The answer when the commit of a handler's writes and its response failed. A lost
@@ -447,11 +505,40 @@ trait Answer<DB: Backend>: Plan<DB> {
     /// What the stages keep, as the handler's slot holds it (a request with a key keeps its
     /// record; one without keeps nothing).
     fn slotted(kept: Self::Kept) -> Option<Recorded>;
+
+    /// Whether the committed call's reply is its own handler's (not a repeat's answer).
+    fn processed(reply: &Self::Reply) -> bool;
+
+    /// Whether a call that lost its key at the commit is to run again in the default form
+    /// (see [`Ran::Again`]).
+    fn runs_again(reply: &Self::Reply) -> bool;
+
+    /// What became of the request that took the key while this one's handler failed
+    /// (see [`InboxPlan::recall`]).
+    fn recall(
+        &self,
+        pool: &sqlx::Pool<DB>,
+    ) -> impl Future<Output = Option<Result<Self::Reply, Error<Infallible>>>> + Send;
 }
 
 impl<DB: Backend> Answer<DB> for InboxPlan<StoredResponse> {
     fn slotted(kept: Recorded) -> Option<Recorded> {
         Some(kept)
+    }
+
+    fn processed(reply: &Delivery<StoredResponse>) -> bool {
+        matches!(reply, Delivery::Processed(_))
+    }
+
+    fn runs_again(reply: &Delivery<StoredResponse>) -> bool {
+        matches!(reply, Delivery::InProgress { .. })
+    }
+
+    async fn recall(
+        &self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Option<Result<Delivery<StoredResponse>, Error<Infallible>>> {
+        InboxPlan::recall(self, pool).await
     }
 
     fn answer(
@@ -539,6 +626,18 @@ impl<DB: Backend> Plan<DB> for Unrecorded {
 
 impl<DB: Backend> Answer<DB> for Unrecorded {
     fn slotted((): ()) -> Option<Recorded> {
+        None
+    }
+
+    fn processed((): &()) -> bool {
+        true
+    }
+
+    fn runs_again((): &()) -> bool {
+        false
+    }
+
+    async fn recall(&self, _: &sqlx::Pool<DB>) -> Option<Result<(), Error<Infallible>>> {
         None
     }
 

@@ -25,7 +25,7 @@ mod gather;
 mod key;
 mod leased;
 pub mod partitions;
-mod record;
+pub(crate) mod record;
 mod retention;
 mod sql;
 mod stage;

@@ -12,7 +12,7 @@ use crate::transition::stage::{Moved, NotMoved, TransitionStage};
 use crate::work::fast::CacheKey;
 use crate::work::observe::Labels;
 use crate::work::stored::{Codec, replay};
-use crate::work::unit::{Entered, Entry, GaveUp, Kept, Plan};
+use crate::work::unit::{Entered, Entry, GaveUp, Kept, Lost, Plan, Sealed, no_body, stages_only};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -32,6 +32,9 @@ pub struct InboxStage {
     /// Whether running out of `patience` is [`Error::Busy`] (the writer was busy with other
     /// keys) rather than [`Delivery::InProgress`].
     busy_is_an_error: bool,
+    /// The optimistic form: nothing is written before the handler; the record is inserted
+    /// with its result just before the commit (see [`InboxStage::at_commit`]).
+    at_commit: bool,
 }
 
 /// A delivery recorded in the open transaction, waiting for the handler's result.
@@ -40,6 +43,10 @@ pub struct Recorded {
     key: MessageKey,
     /// It took over an expired lease (counted once the delivery commits).
     takeover: bool,
+    /// Recorded only at the commit, with its result (the optimistic form): the delivery's
+    /// fingerprint, to insert the record with, or to compare with the record that took
+    /// the key first.
+    at_commit: Option<String>,
 }
 
 impl InboxStage {
@@ -58,6 +65,24 @@ impl InboxStage {
             lock_timeout: inbox.lock_timeout,
             unblocked: false,
             busy_is_an_error: false,
+            at_commit: false,
+        }
+    }
+
+    /// The optimistic form: the stage writes nothing before the handler runs, and the
+    /// record is inserted with the handler's result as the last statement before the
+    /// commit ([`Kept::seal`]). No statement is spent on recording the key first, and
+    /// another delivery of the key never waits for the handler, only (at its own insert)
+    /// for the other's commit. A repeat runs its handler too, and loses at the insert: its
+    /// writes roll back and it replies with what became of the first ([`Plan::lost`]); a
+    /// failed or expired record found there makes it in progress (its handler ran without
+    /// taking the record over). Only for handlers whose every effect is in the
+    /// transaction.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn at_commit(self) -> Self {
+        InboxStage {
+            at_commit: true,
+            ..self
         }
     }
 
@@ -133,6 +158,14 @@ impl InboxStage {
         conn: &mut DB::Connection,
         codec: Codec<T>,
     ) -> Result<Result<Recorded, Delivery<T, R>>, Error<Infallible>> {
+        if self.at_commit {
+            return Ok(Ok(Recorded {
+                inbox: self.inbox.clone(),
+                key: self.key.clone(),
+                takeover: false,
+                at_commit: Some(self.fingerprint.clone()),
+            }));
+        }
         let dialect = DB::dialect(conn)?;
         // An insert that gives way to a busy key at once needs no lock timeout.
         let waits = !(self.unblocked && dialect.inbox_insert(true).1);
@@ -151,6 +184,7 @@ impl InboxStage {
             inbox: self.inbox.clone(),
             key: self.key.clone(),
             takeover: took_over,
+            at_commit: None,
         }))
     }
 
@@ -261,6 +295,56 @@ impl Kept for Recorded {
             .map(drop)
     }
 
+    /// Stores the result; in the optimistic form, inserts the record with it, or finds the
+    /// record that took the key first, which ends the call ([`Sealed::Lost`]).
+    async fn seal<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: Option<&str>,
+    ) -> Result<Sealed, Error<Infallible>> {
+        let Some(fingerprint) = &self.at_commit else {
+            if let Some(json) = json {
+                self.store::<DB>(conn, json).await?;
+            }
+            return Ok(Sealed::Stored);
+        };
+        let inbox = &self.inbox;
+        let dialect = DB::dialect(conn)?;
+        let params = [
+            Param::Text(&inbox.group),
+            Param::Text(self.key.as_str()),
+            Param::Text(fingerprint),
+            json.map_or(Param::Null, Param::Text),
+            inbox.at(),
+        ];
+        let statement = &dialect.inbox().insert_done;
+        if insert_unless_taken::<DB>(conn, dialect, statement, &params).await? == 1 {
+            reached(FaultPoint::Recorded);
+            return Ok(Sealed::Stored);
+        }
+        // Taken: by a record committed before this transaction's insert (which waited for
+        // the commit of one still open). Read as it is now, past the snapshot a MySQL
+        // transaction took at its handler's first read.
+        let statement = match dialect.inbox_locking_select() {
+            Some(locking) => locking,
+            None => &dialect.inbox().select,
+        };
+        let found = inbox
+            .read_record::<DB>(conn, &self.key, fingerprint, statement)
+            .await?;
+        match found {
+            Some(Found::Ended(ended)) => Ok(Sealed::Lost(Lost(ended))),
+            // Failed, or its lease expired: a delivery takes such a record over before its
+            // handler runs, and this one's ran without it (its writes roll back). It is
+            // in progress to this call; the HTTP layer runs the request again in the
+            // default form, which takes the record over.
+            Some(Found::Retry { .. }) => {
+                Ok(Sealed::Lost(Lost(Ended::InProgress { lease_until: None })))
+            }
+            None => Err(inbox.vanished(&self.key)),
+        }
+    }
+
     /// Counts a delivery whose handler ran and committed.
     fn committed(&self) {
         self.inbox.counters.add(Counter::Applied, 1);
@@ -321,6 +405,10 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
         Delivery::Processed(value)
     }
 
+    fn lost(&self, lost: Lost) -> Result<Delivery<T>, Error<Infallible>> {
+        self.stage.inbox.ended(self.codec, &self.stage.key, lost.0)
+    }
+
     fn labels(&self) -> Labels<'_> {
         self.stage.labels()
     }
@@ -348,6 +436,76 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
 
     fn cache_applied(&self, json: &str) -> Option<String> {
         Some(self.stage.cache_value(json))
+    }
+}
+
+impl<T> InboxPlan<T> {
+    /// After a handler of the optimistic form ([`InboxStage::at_commit`]) ended without
+    /// its result committed (a failure, a status not kept, nothing written): what became
+    /// of the delivery that took the key meanwhile, if one did and ended — the reply a
+    /// repeat gets rather than its own handler's failure. `None` for the other forms,
+    /// whose own record was rolled back with the handler.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) async fn recall<DB: Backend>(
+        &self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Option<Result<Delivery<T>, Error<Infallible>>> {
+        if !self.stage.at_commit {
+            return None;
+        }
+        stages_only(pool, &Recall(self)).await.transpose()
+    }
+}
+
+/// The read of [`InboxPlan::recall`]: one statement, in autocommit where the backend allows.
+struct Recall<'a, T>(&'a InboxPlan<T>);
+
+impl<DB: Backend, T> Plan<DB> for Recall<'_, T> {
+    type Value = Infallible;
+    type Reply = Option<Delivery<T>>;
+    type Kept = ();
+
+    fn autocommit(&self, _: crate::backend::Dialect) -> bool {
+        true
+    }
+
+    async fn enter(
+        &self,
+        conn: &mut DB::Connection,
+        _: Entry,
+    ) -> Result<Entered<Self::Reply>, Error<Infallible>> {
+        let stage = &self.0.stage;
+        let select = &DB::dialect(conn)?.inbox().select;
+        let found = stage
+            .inbox
+            .read_record::<DB>(conn, &stage.key, &stage.fingerprint, select)
+            .await?;
+        let reply = match found {
+            Some(Found::Ended(ended)) => {
+                Some(stage.inbox.ended(self.0.codec, &stage.key, ended)?)
+            }
+            Some(Found::Retry { .. }) | None => None,
+        };
+        Ok(Entered::Done {
+            reply,
+            commit: false,
+        })
+    }
+
+    no_body!(Option<Delivery<T>>);
+
+    fn labels(&self) -> Labels<'_> {
+        self.0.stage.labels()
+    }
+
+    fn outcome_name(reply: &Self::Reply) -> &'static str {
+        reply.as_ref().map_or("none", Delivery::kind)
+    }
+
+    fn settled(&self, reply: &Self::Reply) {
+        if let Some(reply) = reply {
+            self.0.stage.inbox.count(reply, false);
+        }
     }
 }
 

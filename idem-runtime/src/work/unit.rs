@@ -50,6 +50,7 @@ use tracing::{Instrument, Span};
 
 #[cfg(doc)]
 use crate::inbox::Recorded;
+use crate::inbox::record::Ended;
 
 /// What the stages of a call found.
 pub enum Entered<R, K = ()> {
@@ -81,9 +82,40 @@ pub trait Kept: Send + Sync {
         json: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Ends the stage's part before the commit: stores `json`, the body's result (`None`
+    /// when it serializes to `null`: nothing to store), or finds that another call took the
+    /// stage's key first ([`Sealed::Lost`]: a stage that records its key only here, with
+    /// the result — the HTTP layer's optimistic form). A lost call's writes roll back and
+    /// it replies with [`Plan::lost`]. The default: [`store`](Self::store) a result, never
+    /// lost.
+    fn seal<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: Option<&str>,
+    ) -> impl Future<Output = Result<Sealed, Error<Infallible>>> + Send {
+        async move {
+            if let Some(json) = json {
+                self.store::<DB>(conn, json).await?;
+            }
+            Ok(Sealed::Stored)
+        }
+    }
+
     /// The transaction committed (after the body ran): where a stage counts its success.
     fn committed(&self) {}
 }
+
+/// What [`Kept::seal`] found.
+pub enum Sealed {
+    /// The result is stored (or there was none to store): the unit of work commits.
+    Stored,
+    /// Another call recorded the key first, and committed: this call's writes roll back.
+    Lost(Lost),
+}
+
+/// What became of the call that took a key first (see [`Sealed::Lost`]), for
+/// [`Plan::lost`] to reply with.
+pub struct Lost(pub(crate) Ended);
 
 impl Kept for () {
     async fn store<DB: Backend>(&self, _: &mut DB::Connection, _: &str) -> Result<(), sqlx::Error> {
@@ -104,6 +136,17 @@ impl<K: Kept> Kept for Option<K> {
         }
     }
 
+    async fn seal<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: Option<&str>,
+    ) -> Result<Sealed, Error<Infallible>> {
+        match self {
+            Some(kept) => kept.seal::<DB>(conn, json).await,
+            None => Ok(Sealed::Stored),
+        }
+    }
+
     fn committed(&self) {
         if let Some(kept) = self {
             kept.committed();
@@ -120,6 +163,17 @@ impl<A: Kept, B: Kept> Kept for (A, B) {
     ) -> Result<(), sqlx::Error> {
         self.0.store::<DB>(conn, json).await?;
         self.1.store::<DB>(conn, json).await
+    }
+
+    async fn seal<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        json: Option<&str>,
+    ) -> Result<Sealed, Error<Infallible>> {
+        match self.0.seal::<DB>(conn, json).await? {
+            Sealed::Stored => self.1.seal::<DB>(conn, json).await,
+            lost => Ok(lost),
+        }
     }
 
     fn committed(&self) {
@@ -209,6 +263,21 @@ pub trait Plan<DB: Backend>: Sync {
 
     /// The reply of a call whose body ran and committed.
     fn applied(&self, value: Self::Value) -> Self::Reply;
+
+    /// The reply of a call whose body ran, but whose stage found at the commit that
+    /// another call had taken its key first ([`Sealed::Lost`]): its writes were rolled
+    /// back. The default, for plans none of whose stages records its key that late: an
+    /// error naming idem's own bug, never a guess.
+    fn lost(&self, lost: Lost) -> Result<Self::Reply, Error<Infallible>> {
+        let _ = lost;
+        let labels = self.labels();
+        Err(Error::CorruptRecord {
+            group: labels.group.unwrap_or_default().to_owned(),
+            key: labels.key.unwrap_or_default().to_owned(),
+            problem: "a stage that records its key before the body found it taken at the commit"
+                .to_owned(),
+        })
+    }
 
     /// What the call is about, for its span and counters.
     fn labels(&self) -> Labels<'_>;
@@ -612,10 +681,26 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         reached(FaultPoint::BodyDone);
         let json = plan.encode_bounded(&value).map_err(Error::widen)?;
         // A result that serializes to `null` (`()`, `None`) replays without storage.
-        if json != "null" {
-            self.kept.store::<DB>(&mut self.tx, &json).await?;
+        let stored = (json != "null").then_some(json.as_str());
+        match self
+            .kept
+            .seal::<DB>(&mut self.tx, stored)
+            .await
+            .map_err(Error::widen)?
+        {
+            Sealed::Stored => self.tx.commit().await?,
+            Sealed::Lost(lost) => {
+                // Another call took the key and committed first: this one's writes (its
+                // body's included) roll back, and it replies as a repeat of that call.
+                self.tx.rollback().await?;
+                let reply = plan.lost(lost).map_err(Error::widen)?;
+                plan.settled(&reply);
+                if self.fast.is_on() {
+                    self.fast.remember(plan.cache_value(&reply));
+                }
+                return Ok(reply);
+            }
         }
-        self.tx.commit().await?;
         reached(FaultPoint::Committed);
         self.kept.committed();
         if self.fast.is_on() {
