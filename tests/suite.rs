@@ -49,6 +49,7 @@ mod faults;
 mod galera;
 mod http;
 mod http_crashes;
+mod http_optimistic;
 mod inbox;
 mod key_lengths;
 mod keys;

@@ -66,6 +66,14 @@ pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, resul
     COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 FOR UPDATE";
 
+/// [`SELECT`] on MySQL, reading the record as last committed rather than as the
+/// transaction's snapshot saw it, with a shared lock: several transactions that each lost
+/// the key to it read it at once (an exclusive lock there, after each one's insert already
+/// holds a shared one, would deadlock them).
+pub const SELECT_COMMITTED_MYSQL: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+    COALESCE($3, {now}) AS now \
+    FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 LOCK IN SHARE MODE";
+
 /// Another attempt at a failed or expired record, if nobody took it in between.
 /// `$3` status, `$4` the lease in milliseconds (NULL: none), `$5` now (NULL: the
 /// database's), `$6` the attempts seen.
@@ -248,6 +256,8 @@ pub struct InboxSql {
     pub select: String,
     /// [`SELECT_FOR_UPDATE`] where the read locks (PostgreSQL, MySQL).
     pub select_for_update: Option<String>,
+    /// [`SELECT_COMMITTED_MYSQL`] on MySQL; elsewhere [`select`](Self::select).
+    pub select_committed: String,
     /// [`RETRY`].
     pub retry: String,
     /// [`BURY`].
@@ -295,6 +305,10 @@ impl InboxSql {
                 Dialect::Postgres | Dialect::Sqlite => INSERT_DONE,
             }),
             select: spell(SELECT),
+            select_committed: spell(match dialect {
+                Dialect::MySql => SELECT_COMMITTED_MYSQL,
+                Dialect::Postgres | Dialect::Sqlite => SELECT,
+            }),
             select_for_update: match dialect {
                 Dialect::Postgres | Dialect::MySql => Some(spell(SELECT_FOR_UPDATE)),
                 Dialect::Sqlite => None,
@@ -378,6 +392,15 @@ impl Dialect {
             Dialect::Postgres if unblocked => (&sql.insert_unless_busy, true),
             _ => (&sql.insert, false),
         }
+    }
+
+    /// The read of a record another transaction committed after this one's first read
+    /// (the optimistic form's, once its insert found the key taken): the plain [`SELECT`]
+    /// where each statement sees what committed before it (PostgreSQL at READ COMMITTED,
+    /// its default; SQLite, whose writer holds the database), [`SELECT_COMMITTED_MYSQL`] on
+    /// MySQL, whose REPEATABLE READ snapshot a plain read would use.
+    pub fn inbox_select_committed(self) -> &'static str {
+        &self.inbox().select_committed
     }
 
     /// Whether an insert that finds its key taken fails with the duplicate-key error

@@ -325,10 +325,7 @@ impl Kept for Recorded {
         // Taken: by a record committed before this transaction's insert (which waited for
         // the commit of one still open). Read as it is now, past the snapshot a MySQL
         // transaction took at its handler's first read.
-        let statement = match dialect.inbox_locking_select() {
-            Some(locking) => locking,
-            None => &dialect.inbox().select,
-        };
+        let statement = dialect.inbox_select_committed();
         let found = inbox
             .read_record::<DB>(conn, &self.key, fingerprint, statement)
             .await?;
@@ -341,7 +338,11 @@ impl Kept for Recorded {
             Some(Found::Retry { .. }) => {
                 Ok(Sealed::Lost(Lost(Ended::InProgress { lease_until: None })))
             }
-            None => Err(inbox.vanished(&self.key)),
+            // Taken, yet not to be seen: purged since, or committed after the snapshot of a
+            // transaction at REPEATABLE READ or above (PostgreSQL). A fresh transaction
+            // sees what there is: in progress here, and the HTTP layer runs the request
+            // again in the default form.
+            None => Ok(Sealed::Lost(Lost(Ended::InProgress { lease_until: None }))),
         }
     }
 
