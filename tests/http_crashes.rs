@@ -7,6 +7,9 @@
 //! - before the commit nothing was kept, and the retry runs the handler once;
 //! - after it, the retry gets the first response, replayed, and the handler does not run.
 //!
+//! The optimistic route (the key recorded with the response after the handler), killed after
+//! the handler, after the record's insert, or after the commit: the same.
+//!
 //! The leased route (its handler calls a service outside the database that deduplicates by
 //! idempotency key), killed after the claim, after the outside call, or after the commit:
 //! the key is held no longer than the lease (the retry gets 409s until then), then the retry
@@ -43,13 +46,19 @@ fn this_process() -> i64 {
 /// The leased route's lease: how long a crashed request holds its key.
 const LEASE: Duration = Duration::from_secs(1);
 
-/// The points a request passes, in order: on the transactional route (`/orders`) and on
-/// the leased one (`/charge`).
+/// The points a request passes, in order: on the transactional route (`/orders`), on the
+/// optimistic one (`/optimistic`) and on the leased one (`/charge`).
 fn points(path: &str) -> [FaultPoint; 3] {
     match path {
         "/orders" => [
             FaultPoint::Recorded,
             FaultPoint::BodyDone,
+            FaultPoint::Committed,
+        ],
+        // The optimistic form records the key after the handler, just before the commit.
+        "/optimistic" => [
+            FaultPoint::BodyDone,
+            FaultPoint::Recorded,
             FaultPoint::Committed,
         ],
         _ => [
@@ -113,8 +122,12 @@ macro_rules! service {
                 let layer = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes").unwrap()).unscoped();
                 let leased = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes-leased").unwrap()).unscoped()
                     .leased(LEASE);
+                let optimistic = IdempotencyLayer::new(pool.clone(), Inbox::new("http-crashes-optimistic").unwrap())
+                    .unscoped()
+                    .optimistic();
                 let router = Router::new()
                     .route("/orders", post(create).layer(layer))
+                    .route("/optimistic", post(create).layer(optimistic))
                     .route("/charge", post(charge).layer(leased))
                     .with_state(pool);
                 serve(router).await
@@ -136,7 +149,7 @@ async fn start(db: Db) -> SocketAddr {
 
 async fn effects(db: &Db, path: &str) -> Vec<i64> {
     let sql = match path {
-        "/orders" => "SELECT amount FROM effects",
+        "/orders" | "/optimistic" => "SELECT amount FROM effects",
         _ => "SELECT calls FROM external_charges",
     };
     match db {
@@ -218,10 +231,10 @@ async fn crash(db: Option<Db>, path: &'static str, point: FaultPoint) {
                 "the committed first response is replayed: {reply:?}"
             );
             assert_eq!(reply.body, child_body);
-            let effect = if path == "/orders" { child_process } else { 1 };
+            let effect = if path == "/charge" { 1 } else { child_process };
             assert_eq!(effects(&db, path).await, [effect]);
         }
-        ("/orders", _) => {
+        ("/orders" | "/optimistic", _) => {
             assert!(
                 !reply.replayed(),
                 "nothing was kept, the retry runs: {reply:?}"
@@ -296,6 +309,9 @@ crash_tests! {
     after_the_key_record: "/orders" at Recorded;
     after_the_handler: "/orders" at BodyDone;
     after_the_commit_before_the_response: "/orders" at Committed;
+    optimistic_after_the_handler: "/optimistic" at BodyDone;
+    optimistic_after_the_record: "/optimistic" at Recorded;
+    optimistic_after_the_commit_before_the_response: "/optimistic" at Committed;
     leased_after_the_claim: "/charge" at Claimed;
     leased_after_the_outside_call: "/charge" at WorkDone;
     leased_after_the_commit_before_the_response: "/charge" at Committed;

@@ -37,11 +37,13 @@
 //! ([`Tx`]); the response is stored and committed with those writes, then sent. A repeat gets
 //! the first response with `Idempotent-Replayed: true`, the same key with another request a
 //! 422, a repeat while the first runs a 409. [`IdempotencyLayer::leased`] serves handlers that
-//! call an outside service; [`FormTokens`] makes HTML forms safe to submit twice.
+//! call an outside service; [`IdempotencyLayer::optimistic`] records the key with the response
+//! in one statement at the end, for handlers whose effects are all in the database;
+//! [`FormTokens`] makes HTML forms safe to submit twice.
 //!
 //! The guide's HTTP page, [`idem::guide::http`](https://docs.rs/idem/latest/idem/guide/http/index.html),
-//! has every answer the layer gives and why, the leased mode, form tokens, retention, and a
-//! session against `examples/http_orders.rs`.
+//! has every answer the layer gives and why, the leased mode, the optimistic form, form tokens,
+//! retention, and a session against `examples/http_orders.rs`.
 
 mod db_error;
 mod extract;

@@ -84,7 +84,7 @@ pub trait Kept: Send + Sync {
 
     /// Ends the stage's part before the commit: stores `json`, the body's result (`None`
     /// when it serializes to `null`: nothing to store), or finds that another call took the
-    /// stage's key first ([`Sealed::Lost`]: a stage that records its key only here, with
+    /// stage's key first (`Sealed::Lost`: a stage that records its key only here, with
     /// the result — the HTTP layer's optimistic form). A lost call's writes roll back and
     /// it replies with [`Plan::lost`]. The default: [`store`](Self::store) a result, never
     /// lost.
@@ -265,7 +265,7 @@ pub trait Plan<DB: Backend>: Sync {
     fn applied(&self, value: Self::Value) -> Self::Reply;
 
     /// The reply of a call whose body ran, but whose stage found at the commit that
-    /// another call had taken its key first ([`Sealed::Lost`]): its writes were rolled
+    /// another call had taken its key first (`Sealed::Lost`): its writes were rolled
     /// back. The default, for plans none of whose stages records its key that late: an
     /// error naming idem's own bug, never a guess.
     fn lost(&self, lost: Lost) -> Result<Self::Reply, Error<Infallible>> {
