@@ -280,14 +280,19 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// What changes for a repeat: it runs the handler too, in its own transaction. Its
     /// insert of the key waits for the first's commit (an instant: the first inserts its
     /// record last) and finds the key taken, so its writes roll back and it gets the first
-    /// response (`Idempotent-Replayed: true`), where the default form answers a repeat
-    /// while the first runs with a 409 and never runs the handler. A repeat whose handler
+    /// response (`Idempotent-Replayed: true`) — also when it reaches another instance while
+    /// the first runs, which the default form answers with a 409 (a repeat reaching the
+    /// same instance meanwhile is a 409 in both forms, or waits with [`wait`](Self::wait)).
+    /// The default form never runs a repeat's handler. A repeat whose handler
     /// answers with a status that is not stored (a 5xx, say, because its writes collided
     /// with the first's) still gets the first response if the key is recorded by then. The
-    /// same key with another request is a 422, as always. Each request runs its handler's
-    /// writes at most once; effects outside the database would run again with every repeat:
-    /// for those, [`leased`](Self::leased). The last of `optimistic` and `leased` called
-    /// chooses the form.
+    /// same key with another request is a 422, as always (after its handler ran and its
+    /// writes rolled back). A key the leased form holds on the same inbox is a 409; one it
+    /// failed, or whose lease ended, runs the request again in the default form, which
+    /// takes the record over. Each request's writes commit at most once; effects outside the
+    /// database would run again with every repeat: for those, [`leased`](Self::leased). The
+    /// last of `optimistic` and `leased` called chooses the form. The guide's HTTP page
+    /// shows the statement and every answer.
     pub fn optimistic(mut self) -> Self {
         self.config.optimistic = true;
         self.config.leased = false;
