@@ -147,6 +147,35 @@ macro_rules! batch_tests {
                 }
             }
 
+            /// Results that together pass what one statement may carry on MariaDB
+            /// (`max_allowed_packet`, 16 MiB by default): stored in several statements,
+            /// each replayed whole.
+            #[tokio::test]
+            async fn results_larger_together_than_one_statement_are_all_stored() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("large-results").unwrap();
+                let messages: Vec<Message> = (1..=24).map(message).collect();
+                let large = |n: i64| format!("{n}:{}", "x".repeat(900_000));
+                let run = || {
+                    inbox.batch(&pool, &messages, |_, (_, payload)| {
+                        Box::pin(async move { Ok::<_, String>(large(number(payload))) })
+                    })
+                };
+                let settled = run().await.unwrap();
+                for (n, settled) in (1..).zip(&settled) {
+                    assert!(
+                        matches!(settled, Ok(Delivery::Processed(r)) if *r == large(n)),
+                        "message {n}"
+                    );
+                }
+                for (n, settled) in (1..).zip(&run().await.unwrap()) {
+                    let Ok(Delivery::Duplicate { first_result: Some(r) }) = settled else {
+                        panic!("message {n}: not a duplicate")
+                    };
+                    assert_eq!(*r, large(n), "message {n}");
+                }
+            }
+
             #[tokio::test]
             async fn copies_inside_a_batch_are_its_duplicates_or_conflicts() {
                 let Some(pool) = setup().await else { return };

@@ -169,6 +169,32 @@ struct KeyResult<'a> {
     r: Option<&'a str>,
 }
 
+/// How many bytes of results one statement carries at most: a quarter of MariaDB's default
+/// `max_allowed_packet` (16 MiB), which bounds a statement with its parameters, whatever
+/// the batch's size.
+const RESULTS_PER_STATEMENT: usize = 4 << 20;
+
+/// The results as [`BatchKept::store`] takes them: JSON arrays `[{"k": key, "r": result},
+/// …]`, one a line (compact JSON holds no line break), each at most
+/// [`RESULTS_PER_STATEMENT`] bytes unless a single result is longer.
+fn chunked(results: &[KeyResult<'_>]) -> serde_json::Result<String> {
+    let mut out = String::from("[");
+    let mut chunk = 0;
+    for result in results {
+        let row = serde_json::to_string(result)?;
+        if chunk > 0 && chunk + row.len() + 1 > RESULTS_PER_STATEMENT {
+            out.push_str("]\n[");
+            chunk = 0;
+        } else if chunk > 0 {
+            out.push(',');
+        }
+        chunk += row.len() + 1;
+        out.push_str(&row);
+    }
+    out.push(']');
+    Ok(out)
+}
+
 /// What the batch's stage found for a lead.
 #[derive(Debug, Clone)]
 pub(crate) enum Finding {
@@ -203,8 +229,9 @@ pub(crate) struct BatchKept {
 }
 
 impl Kept for BatchKept {
-    /// Stores every processed message's result (`json`: `[{"k": key, "r": result}, …]`) in
-    /// one statement, which must reach each of their records.
+    /// Stores every processed message's result (`json`: lines of `[{"k": key, "r": result},
+    /// …]`, see [`chunked`]) in one statement a line, which together must reach each of
+    /// their records.
     async fn store<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
@@ -215,8 +242,11 @@ impl Kept for BatchKept {
             return Ok(());
         }
         let store = &DB::dialect(conn)?.inbox().batch_store;
-        let params = [Param::Text(&self.group), Param::Text(json)];
-        let reached = DB::execute(conn, store, &params).await?;
+        let mut reached = 0;
+        for chunk in json.split('\n') {
+            let params = [Param::Text(&self.group), Param::Text(chunk)];
+            reached += DB::execute(conn, store, &params).await?;
+        }
         if reached != expected {
             // Never commit a record still carrying the batch's mark.
             return Err(sqlx::Error::Protocol(format!(
@@ -400,9 +430,13 @@ impl Inbox {
     ///
     /// - A message delivered twice in the batch is processed once; its other delivery is its
     ///   duplicate (or, with another payload, a conflict), as across batches.
-    /// - Every message is recorded in one statement and every result stored in one more, so
-    ///   a batch costs a few round trips and one commit instead of several round trips and
-    ///   a commit per message.
+    /// - Every message is recorded in one statement and every result stored in one more (one
+    ///   per 4 MiB of results, so that no statement outgrows what MariaDB accepts), so a
+    ///   batch costs a few round trips and one commit instead of several round trips and a
+    ///   commit per message.
+    /// - A message another delivery is working on, or whose record vanished between the
+    ///   batch's statements (purged), is [`Delivery::InProgress`] (nack): its redelivery
+    ///   finds out what became of it.
     /// - A handler that fails rolls back its own message alone: the batch runs again with a
     ///   savepoint around each handler (the handlers of the other messages run again too,
     ///   their first effects rolled back with the first attempt, so a handler's effects
@@ -588,7 +622,7 @@ impl Inbox {
             work.kept()
                 .stored
                 .store(results.len() as u64, Ordering::Release);
-            let json = serde_json::to_string(&results).map_err(Error::Result)?;
+            let json = chunked(&results).map_err(Error::Result)?;
             match work.finish(&plan, Ok::<_, Infallible>(json)).await {
                 Ok(_) => return Ok(self.settle(&folded, &entries, ran, codec)),
                 Err(Error::Database(e)) if is_conflict(&e) => {
@@ -738,4 +772,52 @@ enum Left {
     Ended(Ended),
     /// In progress elsewhere.
     Busy,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_stored_in_statements_of_bounded_size() {
+        let big = "x".repeat(RESULTS_PER_STATEMENT / 3);
+        let huge = "y".repeat(RESULTS_PER_STATEMENT + 10);
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        let results: Vec<KeyResult<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| KeyResult {
+                k,
+                r: match i {
+                    4 => Some(&huge),
+                    7 => None,
+                    i if i % 2 == 0 => Some(&big),
+                    _ => Some("1"),
+                },
+            })
+            .collect();
+        let json = chunked(&results).unwrap();
+        let lines: Vec<&str> = json.split('\n').collect();
+        assert_eq!(lines.len(), 3, "the huge result in a statement of its own");
+        let mut stored = Vec::new();
+        for line in lines {
+            let rows: Vec<serde_json::Value> = serde_json::from_str(line).unwrap();
+            assert!(
+                line.len() <= RESULTS_PER_STATEMENT + 1 || rows.len() == 1,
+                "a statement of {} bytes and {} results",
+                line.len(),
+                rows.len()
+            );
+            stored.extend(rows);
+        }
+        let stored_keys: Vec<&str> = stored.iter().map(|r| r["k"].as_str().unwrap()).collect();
+        assert_eq!(stored_keys, keys);
+        assert_eq!(stored[4]["r"].as_str(), Some(huge.as_str()));
+        assert!(stored[7]["r"].is_null());
+        let one = [KeyResult {
+            k: "k",
+            r: Some("7"),
+        }];
+        assert_eq!(chunked(&one).unwrap(), r#"[{"k":"k","r":"7"}]"#);
+    }
 }
