@@ -32,7 +32,7 @@ macro_rules! optimistic_tests {
             #[derive(Clone)]
             struct App {
                 executions: Arc<AtomicU64>,
-                /// `/hold` (leased) waits for a permit here before it answers.
+                /// `/slow` and `/hold` (leased) wait for a permit here before they answer.
                 gate: Arc<tokio::sync::Semaphore>,
             }
 
@@ -76,6 +76,21 @@ macro_rules! optimistic_tests {
                     Ok(_) => (StatusCode::CREATED, format!("once {n}")),
                     Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("run {n}: {e}")),
                 }
+            }
+
+            /// Writes its effect, then waits for a permit of `gate` before it answers.
+            async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<String, StatusCode> {
+                let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+                sqlx::query(common::placed(
+                    $positional,
+                    "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'slow', 0)",
+                ))
+                .bind(n as i64)
+                .execute(&mut **tx)
+                .await
+                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                app.gate.acquire().await.unwrap().forget();
+                Ok(format!("slow {n}"))
             }
 
             /// The leased form's handler: fails with 502.
@@ -152,7 +167,8 @@ macro_rules! optimistic_tests {
                             .optimistic();
                     Router::new()
                         .route("/orders", route_post(create).layer(layer.clone()))
-                        .route("/once", route_post(once).layer(layer))
+                        .route("/once", route_post(once).layer(layer.clone()))
+                        .route("/slow", route_post(slow).layer(layer))
                         .route("/charge", route_post(create).layer(charges.clone()))
                         .route("/hold", route_post(create).layer(charges))
                         .with_state(app.clone())
@@ -243,6 +259,29 @@ macro_rules! optimistic_tests {
                     s.executions(),
                     KEYS * COPIES_PER_INSTANCE * 2
                 );
+            }
+
+            /// A repeat that waits in the same instance for its first request (the layer's
+            /// `wait`) then runs in the default form: replayed, its handler never run.
+            #[tokio::test]
+            async fn a_repeat_waiting_in_the_same_instance_is_replayed_without_running() {
+                let Some(s) = start().await else { return };
+                let first = tokio::spawn(post(s.addrs[0], "/slow", "k-7", "{}"));
+                while s.executions() == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let repeat = tokio::spawn(post(s.addrs[0], "/slow", "k-7", "{}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert!(!repeat.is_finished(), "the repeat waits for the first");
+                // A permit for the repeat's handler too, were it to run.
+                s.app.gate.add_permits(2);
+                let first = first.await.unwrap();
+                assert_eq!((first.status, first.body.as_str()), (200, "slow 1"));
+                let repeat = repeat.await.unwrap();
+                assert!(repeat.replayed(), "{repeat:?}");
+                assert_eq!(repeat.body, "slow 1");
+                assert_eq!(s.executions(), 1);
+                assert_eq!(s.effects().await, 1);
             }
 
             /// The first's row is committed when the repeat's handler tries it again: the

@@ -18,6 +18,8 @@ pub(crate) struct Flight {
     flights: Arc<InFlight>,
     key: String,
     turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// It waited for another request of this process holding the key.
+    waited: bool,
 }
 
 impl InFlight {
@@ -37,15 +39,19 @@ impl InFlight {
             turn: Some(turn),
         };
         let turn = || waiting.turn.clone().unwrap_or_default();
-        let held = match turn().try_lock_owned() {
-            Ok(held) => Some(held),
-            Err(_) if wait.is_zero() => None,
-            Err(_) => tokio::time::timeout(wait, turn().lock_owned()).await.ok(),
+        let (held, waited) = match turn().try_lock_owned() {
+            Ok(held) => (Some(held), false),
+            Err(_) if wait.is_zero() => (None, false),
+            Err(_) => (
+                tokio::time::timeout(wait, turn().lock_owned()).await.ok(),
+                true,
+            ),
         };
         let flight = held.map(|held| Flight {
             flights: self.clone(),
             key: key.to_owned(),
             turn: Some(held),
+            waited,
         });
         drop(waiting);
         flight
@@ -81,6 +87,14 @@ impl Drop for Waiting<'_> {
     }
 }
 
+impl Flight {
+    /// Whether it waited for another request of this process that held the key (which,
+    /// most likely, recorded it meanwhile).
+    pub(crate) fn waited(&self) -> bool {
+        self.waited
+    }
+}
+
 impl Drop for Flight {
     fn drop(&mut self) {
         // The guard holds a clone of the turn: release it before counting.
@@ -97,6 +111,7 @@ mod tests {
     async fn a_held_key_is_refused_or_waited_for_and_forgotten_after() {
         let flights = Arc::new(InFlight::default());
         let first = flights.enter("k", Duration::ZERO).await.unwrap();
+        assert!(!first.waited());
         assert!(flights.enter("k", Duration::ZERO).await.is_none());
         assert!(
             flights
@@ -109,13 +124,18 @@ mod tests {
         drop(other);
         let waiter = {
             let flights = flights.clone();
-            tokio::spawn(async move { flights.enter("k", Duration::from_secs(5)).await.is_some() })
+            tokio::spawn(async move {
+                flights
+                    .enter("k", Duration::from_secs(5))
+                    .await
+                    .is_some_and(|flight| flight.waited())
+            })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(first);
         assert!(
             waiter.await.unwrap(),
-            "the waiter gets the key once it is released"
+            "the waiter gets the key once it is released, having waited"
         );
         assert_eq!(flights.len(), 0, "released keys are forgotten");
     }

@@ -281,9 +281,10 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// insert of the key waits for the first's commit (an instant: the first inserts its
     /// record last) and finds the key taken, so its writes roll back and it gets the first
     /// response (`Idempotent-Replayed: true`) — also when it reaches another instance while
-    /// the first runs, which the default form answers with a 409 (a repeat reaching the
-    /// same instance meanwhile is a 409 in both forms, or waits with [`wait`](Self::wait)).
-    /// The default form never runs a repeat's handler. A repeat whose handler
+    /// the first runs, which the default form answers with a 409. A repeat reaching the
+    /// same instance meanwhile is a 409 in both forms, or, with [`wait`](Self::wait), waits
+    /// for the first and then runs in the default form, which replays the first response
+    /// without running the handler. The default form never runs a repeat's handler. A repeat whose handler
     /// answers with a status that is not stored (a 5xx, say, because its writes collided
     /// with the first's) still gets the first response if the key is recorded by then. The
     /// same key with another request is a 422, as always (after its handler ran and its

@@ -167,6 +167,10 @@ where
     let Some(flight) = config.in_flight.enter(&record, config.wait).await else {
         return Ok(in_progress(None));
     };
+    // A repeat that waited here for its first request runs in the default form: the first
+    // most likely recorded the key, and the default form replays it without running the
+    // handler again.
+    let again = again.filter(|_| !flight.waited());
     // Waiting for the writer's turn (SQLite) is waiting for other keys: bounded by the
     // layer's `max_wait`, then a 503. On PostgreSQL a first request of this key still
     // running in another process makes this one in progress at once (a 409), without
