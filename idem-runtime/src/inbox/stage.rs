@@ -470,6 +470,13 @@ impl<DB: Backend, T> Plan<DB> for Recall<'_, T> {
         true
     }
 
+    /// The delivery's own bound on waiting for the writer's turn (SQLite); past it, nothing
+    /// to recall.
+    fn patience(&self) -> Option<(Duration, GaveUp<Self, Self::Reply>)> {
+        let gave_up: GaveUp<Self, Self::Reply> = |_| Ok(None);
+        self.0.stage.patience().map(|patience| (patience, gave_up))
+    }
+
     async fn enter(
         &self,
         conn: &mut DB::Connection,
