@@ -18,7 +18,10 @@
 //! 3. **the body**, only if every stage let the call go on, in the same transaction;
 //! 4. **finish** — the body's result encoded once and bounded, stored by each stage that
 //!    stores one, then COMMIT (or RELEASE of the savepoint), then the counters, then (from
-//!    a pool with a cache) the first result written to the cache.
+//!    a pool with a cache) the first result written to the cache. A stage that records its
+//!    key only here, with the result (the HTTP layer's optimistic form), may find the key
+//!    taken by a call that committed first: then everything rolls back, the body's writes
+//!    included, and the call replies as a repeat of that one.
 //!
 //! What a stage needs between its entry and the commit (where to store the result, what to
 //! count once committed) is its [`Kept`]: the unit of work holds the plan's `Kept` (one
@@ -274,8 +277,9 @@ pub trait Plan<DB: Backend>: Sync {
         Err(Error::CorruptRecord {
             group: labels.group.unwrap_or_default().to_owned(),
             key: labels.key.unwrap_or_default().to_owned(),
-            problem: "a stage that records its key before the body found it taken at the commit"
-                .to_owned(),
+            problem:
+                "a stage lost its key at the commit in a plan that records keys before its body"
+                    .to_owned(),
         })
     }
 
