@@ -125,6 +125,30 @@ macro_rules! routes {
                 (StatusCode::CREATED, format!("{{\"created\":{}}}", body.len())).into_response()
             }
 
+            /// The hand-written routes' answer to a taken key: its stored response replayed
+            /// (or a 422 for another request), the transaction rolled back.
+            async fn replay(
+                mut tx: sqlx::Transaction<'_, $db>,
+                digest: &str,
+                fingerprint: &str,
+            ) -> Response {
+                let (stored_fingerprint, status, response): (String, Option<i64>, Option<String>) =
+                    sqlx::query_as(
+                        "SELECT fingerprint, status, response FROM http_keys WHERE key_digest = $1",
+                    )
+                    .bind(digest)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.rollback().await.unwrap();
+                if stored_fingerprint != fingerprint {
+                    return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+                }
+                let status = StatusCode::from_u16(status.unwrap_or(409) as u16).unwrap();
+                (status, [("idempotent-replayed", "true")], response.unwrap_or_default())
+                    .into_response()
+            }
+
             async fn by_hand(State(pool): State<$pool>, headers: HeaderMap, body: String) -> Response {
                 let key = key_of(&headers);
                 let digest = hex(&Sha256::digest(key.as_bytes()));
@@ -142,21 +166,7 @@ macro_rules! routes {
                 .unwrap()
                 .rows_affected();
                 if inserted == 0 {
-                    let (stored_fingerprint, status, response): (String, Option<i64>, Option<String>) =
-                        sqlx::query_as(
-                            "SELECT fingerprint, status, response FROM http_keys WHERE key_digest = $1",
-                        )
-                        .bind(&digest)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .unwrap();
-                    tx.rollback().await.unwrap();
-                    if stored_fingerprint != fingerprint {
-                        return StatusCode::UNPROCESSABLE_ENTITY.into_response();
-                    }
-                    let status = StatusCode::from_u16(status.unwrap_or(409) as u16).unwrap();
-                    return (status, [("idempotent-replayed", "true")], response.unwrap_or_default())
-                        .into_response();
+                    return replay(tx, &digest, &fingerprint).await;
                 }
                 sqlx::query("INSERT INTO effects (request_key, body) VALUES ($1, $2)")
                     .bind(&key)
@@ -203,21 +213,7 @@ macro_rules! routes {
                 .unwrap()
                 .rows_affected();
                 if inserted == 0 {
-                    let (stored_fingerprint, status, response): (String, Option<i64>, Option<String>) =
-                        sqlx::query_as(
-                            "SELECT fingerprint, status, response FROM http_keys WHERE key_digest = $1",
-                        )
-                        .bind(&digest)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .unwrap();
-                    tx.rollback().await.unwrap();
-                    if stored_fingerprint != fingerprint {
-                        return StatusCode::UNPROCESSABLE_ENTITY.into_response();
-                    }
-                    let status = StatusCode::from_u16(status.unwrap_or(409) as u16).unwrap();
-                    return (status, [("idempotent-replayed", "true")], response.unwrap_or_default())
-                        .into_response();
+                    return replay(tx, &digest, &fingerprint).await;
                 }
                 tx.commit().await.unwrap();
                 (StatusCode::CREATED, [(header::CONTENT_TYPE, "text/plain")], response).into_response()

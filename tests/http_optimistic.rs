@@ -36,6 +36,20 @@ macro_rules! optimistic_tests {
                 gate: Arc<tokio::sync::Semaphore>,
             }
 
+            /// Writes the effect row of run `n`.
+            async fn effect(tx: &mut Tx<$db>, n: u64, kind: &str) -> Result<(), StatusCode> {
+                sqlx::query(common::placed(
+                    $positional,
+                    "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 0)",
+                ))
+                .bind(n as i64)
+                .bind(kind)
+                .execute(&mut ***tx)
+                .await
+                .map(drop)
+                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
+            }
+
             /// One effect row per run, and a response naming the run.
             async fn create(
                 State(app): State<App>,
@@ -43,14 +57,7 @@ macro_rules! optimistic_tests {
                 body: String,
             ) -> Result<(StatusCode, String), StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
-                sqlx::query(common::placed(
-                    $positional,
-                    "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'create', 0)",
-                ))
-                .bind(n as i64)
-                .execute(&mut **tx)
-                .await
-                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                effect(&mut tx, n, "create").await?;
                 Ok((
                     StatusCode::CREATED,
                     format!("{{\"execution\":{n},\"request\":{body}}}"),
@@ -81,14 +88,7 @@ macro_rules! optimistic_tests {
             /// Writes its effect, then waits for a permit of `gate` before it answers.
             async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<String, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
-                sqlx::query(common::placed(
-                    $positional,
-                    "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'slow', 0)",
-                ))
-                .bind(n as i64)
-                .execute(&mut **tx)
-                .await
-                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                effect(&mut tx, n, "slow").await?;
                 app.gate.acquire().await.unwrap().forget();
                 Ok(format!("slow {n}"))
             }
