@@ -122,7 +122,7 @@ macro_rules! routes {
                     .execute(&mut **tx)
                     .await
                     .unwrap();
-                (StatusCode::CREATED, format!("{{\"created\":{}}}", body.len())).into_response()
+                tx.commit((StatusCode::CREATED, format!("{{\"created\":{}}}", body.len()))).into_response()
             }
 
             /// The hand-written routes' answer to a taken key: its stored response replayed

@@ -124,8 +124,8 @@ async fn create_order(
         tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
     }
     if new.amount <= 0 {
-        // Not stored: the handler answered without its transaction, so a corrected
-        // request may reuse the key.
+        // Not stored: the handler answered without `tx.commit`, so a corrected request may
+        // reuse the key.
         return problem(StatusCode::UNPROCESSABLE_ENTITY, "amount must be positive");
     }
     let created = sqlx::query_scalar::<_, i64>(
@@ -135,15 +135,17 @@ async fn create_order(
     .fetch_one(&mut **tx)
     .await;
     match created {
-        Ok(order_id) => (
-            StatusCode::CREATED,
-            [(header::LOCATION, format!("/orders/{order_id}"))],
-            Json(OrderView {
-                order_id,
-                amount: new.amount,
-                status: "CREATED".to_owned(),
-            }),
-        )
+        // The response, and the order's insert to commit with it.
+        Ok(order_id) => tx
+            .commit((
+                StatusCode::CREATED,
+                [(header::LOCATION, format!("/orders/{order_id}"))],
+                Json(OrderView {
+                    order_id,
+                    amount: new.amount,
+                    status: "CREATED".to_owned(),
+                }),
+            ))
             .into_response(),
         Err(e) => database(e),
     }
@@ -174,10 +176,11 @@ async fn submit_order_form(mut tx: Tx<Any>, Form(new): Form<NewOrder>) -> Respon
     .fetch_one(&mut **tx)
     .await;
     match created {
-        Ok(order_id) => (
-            StatusCode::CREATED,
-            axum::response::Html(format!("<p>Order {order_id} created.</p>\n")),
-        )
+        Ok(order_id) => tx
+            .commit((
+                StatusCode::CREATED,
+                axum::response::Html(format!("<p>Order {order_id} created.</p>\n")),
+            ))
             .into_response(),
         Err(e) => database(e),
     }
@@ -204,7 +207,7 @@ async fn pay_order(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<Recei
 /// `POST /orders/{id}/pay`: an HTTP replay under the same key, an `AlreadyDone` under
 /// another.
 async fn pay(mut tx: Tx<Any>, Path(order_id): Path<i64>) -> Response {
-    match pay_order(&mut *tx, order_id).await {
+    let answer = match pay_order(&mut *tx, order_id).await {
         Ok(Outcome::Applied(receipt)) => Json(receipt).into_response(),
         Ok(Outcome::AlreadyDone { first_result, .. }) => Json(first_result).into_response(),
         Ok(Outcome::NotFound) => problem(StatusCode::NOT_FOUND, format!("no order {order_id}")),
@@ -212,8 +215,11 @@ async fn pay(mut tx: Tx<Any>, Path(order_id): Path<i64>) -> Response {
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("order {order_id} cannot be paid: {refused:?}"),
         ),
-        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+        // Not committed: the payment's savepoint rolled back, and a retry runs again.
+        Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    // Every answer of the transition is the request's to keep: a repeat replays it.
+    tx.commit(answer).into_response()
 }
 
 /// `GET /orders/{id}`.

@@ -16,7 +16,7 @@ use crate::proxy::{Cut, CutProxy};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem::http::{IdempotencyLayer, Tx};
+use idem::http::{Committed, IdempotencyLayer, Tx};
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use idem::{Creation, Error, Outcome, StateMachine};
 use std::sync::Arc;
@@ -108,12 +108,12 @@ macro_rules! ambiguous_commit_tests {
                 Ok(order_id * 10)
             }
 
-            async fn charge(mut tx: Tx<$db>) -> Result<(StatusCode, String), StatusCode> {
+            async fn charge(mut tx: Tx<$db>) -> Result<Committed<(StatusCode, String)>, StatusCode> {
                 sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (0, 'charge', 0)")
                     .execute(&mut **tx)
                     .await
                     .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-                Ok((StatusCode::CREATED, "{\"charged\":true}".to_owned()))
+                Ok(tx.commit((StatusCode::CREATED, "{\"charged\":true}".to_owned())))
             }
 
             /// The pool through the proxy (whose `COMMIT`s it cuts), and one straight to the

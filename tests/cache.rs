@@ -320,11 +320,12 @@ macro_rules! cache_tests {
                 async fn pay_route(
                     axum::extract::Path(id): axum::extract::Path<i64>,
                     mut tx: idem::http::Tx<$db>,
-                ) -> String {
-                    match pay(&mut *tx, id, false).await {
+                ) -> idem::http::Committed<String> {
+                    let answer = match pay(&mut *tx, id, false).await {
                         Ok(outcome) => format!("{:?}", outcome.into_result()),
                         Err(e) => e.to_string(),
-                    }
+                    };
+                    tx.commit(answer)
                 }
                 /// The leased mode's route: a call outside the database.
                 async fn charge_route(axum::extract::Path(id): axum::extract::Path<i64>) -> String {

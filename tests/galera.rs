@@ -18,7 +18,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem::http::{DbError, IdempotencyLayer, Tx};
+use idem::http::{Committed, DbError, IdempotencyLayer, Tx};
 use idem::inbox::{Claimed, Delivery, Inbox, MessageKey};
 use idem::{Creation, Error, Outcome, StateMachine};
 use rand::SeedableRng;
@@ -116,12 +116,12 @@ async fn consume(
 async fn charge(
     State(node): State<usize>,
     mut tx: Tx<MySql>,
-) -> Result<(StatusCode, String), DbError> {
+) -> Result<Committed<(StatusCode, String)>, DbError> {
     sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES (0, 'charge', ?)")
         .bind(node as i64)
         .execute(&mut **tx)
         .await?;
-    Ok((StatusCode::CREATED, format!("{{\"node\":{node}}}")))
+    Ok(tx.commit((StatusCode::CREATED, format!("{{\"node\":{node}}}"))))
 }
 
 fn message_key(order_id: i64) -> MessageKey {

@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::routing::post as route_post;
 use http_client::{Reply, post, send, serve};
-use idem::http::{FormTokens, IdempotencyLayer, RequestKey, Tx};
+use idem::http::{Committed, FormTokens, IdempotencyLayer, RequestKey, Tx};
 use idem::inbox::{Inbox, ManualClock};
 use idem::{Outcome, StateMachine};
 use std::sync::Arc;
@@ -141,35 +141,35 @@ macro_rules! http_tests {
                 State(app): State<App>,
                 mut tx: Tx<$db>,
                 body: String,
-            ) -> Result<(StatusCode, [(header::HeaderName, String); 1], String), StatusCode> {
+            ) -> Result<Committed<(StatusCode, [(header::HeaderName, String); 1], String)>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "create").await?;
-                Ok((
+                Ok(tx.commit((
                     StatusCode::CREATED,
                     [(header::LOCATION, format!("/orders/{n}"))],
                     format!("{{\"execution\":{n},\"request\":{body}}}"),
-                ))
+                )))
             }
 
-            async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<String, StatusCode> {
+            async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<Committed<String>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "slow").await?;
                 app.gate.acquire().await.unwrap().forget();
-                Ok(format!("slow {n}"))
+                Ok(tx.commit(format!("slow {n}")))
             }
 
             /// A response larger than the layer keeps (256 KiB by default).
-            async fn big(State(app): State<App>, mut tx: Tx<$db>) -> Result<(StatusCode, String), StatusCode> {
+            async fn big(State(app): State<App>, mut tx: Tx<$db>) -> Result<Committed<(StatusCode, String)>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "big").await?;
-                Ok((StatusCode::CREATED, "x".repeat(300 * 1024)))
+                Ok(tx.commit((StatusCode::CREATED, "x".repeat(300 * 1024))))
             }
 
             /// An event stream: passed through, never kept.
-            async fn events(State(app): State<App>, mut tx: Tx<$db>) -> Result<([(header::HeaderName, &'static str); 1], String), StatusCode> {
+            async fn events(State(app): State<App>, mut tx: Tx<$db>) -> Result<Committed<([(header::HeaderName, &'static str); 1], String)>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "events").await?;
-                Ok(([(header::CONTENT_TYPE, "text/event-stream")], format!("data: {n}\n\n")))
+                Ok(tx.commit(([(header::CONTENT_TYPE, "text/event-stream")], format!("data: {n}\n\n"))))
             }
 
             /// Takes its transaction twice: refused, never a wait for itself.
@@ -177,20 +177,20 @@ macro_rules! http_tests {
                 "unreachable"
             }
 
-            async fn fail(State(app): State<App>, mut tx: Tx<$db>) -> (StatusCode, String) {
+            async fn fail(State(app): State<App>, mut tx: Tx<$db>) -> Committed<(StatusCode, String)> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 let _ = effect(&mut tx, n, "fail").await;
-                (StatusCode::INTERNAL_SERVER_ERROR, format!("failed {n}"))
+                tx.commit((StatusCode::INTERNAL_SERVER_ERROR, format!("failed {n}")))
             }
 
             async fn validated(
                 State(app): State<App>,
                 mut tx: Tx<$db>,
                 axum::Json(order): axum::Json<NewOrder>,
-            ) -> Result<String, StatusCode> {
+            ) -> Result<Committed<String>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "validated").await?;
-                Ok(format!("order of {}", order.amount))
+                Ok(tx.commit(format!("order of {}", order.amount)))
             }
 
             #[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
@@ -205,8 +205,8 @@ macro_rules! http_tests {
                 Ok(format!("paid {order_id}"))
             }
 
-            async fn pay(Path(id): Path<i64>, mut tx: Tx<$db>) -> (StatusCode, String) {
-                match pay_order(&mut *tx, id).await {
+            async fn pay(Path(id): Path<i64>, mut tx: Tx<$db>) -> Committed<(StatusCode, String)> {
+                let answer = match pay_order(&mut *tx, id).await {
                     Ok(Outcome::Applied(receipt)) => (StatusCode::OK, receipt),
                     Ok(Outcome::AlreadyDone { first_result, .. }) => (
                         StatusCode::OK,
@@ -214,7 +214,8 @@ macro_rules! http_tests {
                     ),
                     Ok(other) => (StatusCode::CONFLICT, format!("{other:?}")),
                     Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                }
+                };
+                tx.commit(answer)
             }
 
             struct Server {
@@ -260,13 +261,15 @@ macro_rules! http_tests {
                     .unwrap();
                 let clock = ManualClock::new(1_700_000_000_000);
                 let inbox = inbox_of(&clock);
+                // A request naming no tenant is this test's one anonymous caller (a principal
+                // of its own, not an empty one: that would be refused).
                 let tenant = |parts: &axum::http::request::Parts| {
                     Ok::<_, StatusCode>(
                         parts
                             .headers
                             .get("x-tenant")
                             .and_then(|v| v.to_str().ok())
-                            .unwrap_or_default()
+                            .unwrap_or("anonymous")
                             .to_owned(),
                     )
                 };

@@ -31,7 +31,7 @@ use brokers::Db;
 use child::{ChildProcess, report};
 use http_client::{Reply, serve, try_post};
 use idem::fault::FaultPoint;
-use idem::http::{IdempotencyLayer, RequestKey, Tx};
+use idem::http::{Committed, IdempotencyLayer, RequestKey, Tx};
 use idem::inbox::Inbox;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -82,7 +82,7 @@ macro_rules! service {
         mod $module {
             use super::*;
 
-            async fn create(mut tx: Tx<$db>) -> Result<(StatusCode, String), StatusCode> {
+            async fn create(mut tx: Tx<$db>) -> Result<Committed<(StatusCode, String)>, StatusCode> {
                 sqlx::query(
                     "INSERT INTO effects (order_id, kind, amount) VALUES (1, 'create', $1)",
                 )
@@ -90,10 +90,10 @@ macro_rules! service {
                 .execute(&mut **tx)
                 .await
                 .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-                Ok((
+                Ok(tx.commit((
                     StatusCode::CREATED,
                     format!("{{\"process\":{}}}", this_process()),
-                ))
+                )))
             }
 
             /// The leased handler: one call outside the database, with the derived key.

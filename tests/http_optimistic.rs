@@ -11,9 +11,10 @@ use crate::http_client;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post as route_post;
 use http_client::{Reply, post, serve};
-use idem::http::{IdempotencyLayer, Tx};
+use idem::http::{Committed, IdempotencyLayer, Tx};
 use idem::inbox::Inbox;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,22 +56,18 @@ macro_rules! optimistic_tests {
                 State(app): State<App>,
                 mut tx: Tx<$db>,
                 body: String,
-            ) -> Result<(StatusCode, String), StatusCode> {
+            ) -> Result<Committed<(StatusCode, String)>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "create").await?;
-                Ok((
+                Ok(tx.commit((
                     StatusCode::CREATED,
                     format!("{{\"execution\":{n},\"request\":{body}}}"),
-                ))
+                )))
             }
 
             /// Writes a row keyed by the request's body: a repeat's insert collides with
             /// the first's, and the handler answers 500.
-            async fn once(
-                State(app): State<App>,
-                mut tx: Tx<$db>,
-                body: String,
-            ) -> (StatusCode, String) {
+            async fn once(State(app): State<App>, mut tx: Tx<$db>, body: String) -> Response {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 let inserted = sqlx::query(common::placed(
                     $positional,
@@ -80,17 +77,24 @@ macro_rules! optimistic_tests {
                 .execute(&mut **tx)
                 .await;
                 match inserted {
-                    Ok(_) => (StatusCode::CREATED, format!("once {n}")),
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("run {n}: {e}")),
+                    Ok(_) => tx
+                        .commit((StatusCode::CREATED, format!("once {n}")))
+                        .into_response(),
+                    Err(e) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, format!("run {n}: {e}")).into_response()
+                    }
                 }
             }
 
             /// Writes its effect, then waits for a permit of `gate` before it answers.
-            async fn slow(State(app): State<App>, mut tx: Tx<$db>) -> Result<String, StatusCode> {
+            async fn slow(
+                State(app): State<App>,
+                mut tx: Tx<$db>,
+            ) -> Result<Committed<String>, StatusCode> {
                 let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
                 effect(&mut tx, n, "slow").await?;
                 app.gate.acquire().await.unwrap().forget();
-                Ok(format!("slow {n}"))
+                Ok(tx.commit(format!("slow {n}")))
             }
 
             /// The leased form's handler: fails with 502.

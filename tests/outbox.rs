@@ -181,13 +181,13 @@ macro_rules! outbox_tests {
 
             /// A route behind the HTTP layer that stages a message, and answers 500 (not
             /// stored, so rolled back) when the body says `fail`.
-            async fn route(mut tx: idem::http::Tx<$db>, body: String) -> axum::http::StatusCode {
+            async fn route(mut tx: idem::http::Tx<$db>, body: String) -> idem::http::Committed<axum::http::StatusCode> {
                 outbox::stage(&mut tx, Message::bytes("orders.requested", body.clone())).await.unwrap();
-                if body == "fail" {
+                tx.commit(if body == "fail" {
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR
                 } else {
                     axum::http::StatusCode::CREATED
-                }
+                })
             }
 
             async fn setup(orders: i64) -> Option<$pool> {

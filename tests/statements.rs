@@ -425,7 +425,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
                 .execute(&mut **tx)
                 .await
                 .unwrap();
-            "done"
+            tx.commit("done")
         }),
     )
     .await;
@@ -456,7 +456,7 @@ async fn generated_sql_is_what_runs_and_round_trips_do_not_grow() {
                 .execute(&mut **tx)
                 .await
                 .unwrap();
-            "done"
+            tx.commit("done")
         }),
     )
     .await;

@@ -50,6 +50,7 @@ mod galera;
 mod http;
 mod http_crashes;
 mod http_optimistic;
+mod http_stacks;
 mod inbox;
 mod key_lengths;
 mod keys;

@@ -17,6 +17,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::AckKind;
 use axum::extract::Path;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::post;
 use futures_util::StreamExt;
 use idem::http::{IdempotencyLayer, Tx};
@@ -132,13 +133,16 @@ pub fn api(pool: AnyPool, subject: String) -> Result<axum::Router, Box<dyn std::
     let route = post(move |Path(order_id): Path<i64>, mut tx: Tx<Any>| {
         let subject = subject.clone();
         async move {
-            match Order::pay(&mut *tx, order_id, &subject).await {
+            let answer = match Order::pay(&mut *tx, order_id, &subject).await {
                 Ok(Outcome::Applied(())) => (StatusCode::OK, "paid"),
                 Ok(Outcome::AlreadyDone { .. }) => (StatusCode::OK, "already paid"),
                 Ok(Outcome::NotFound) => (StatusCode::NOT_FOUND, "no such order"),
                 Ok(_) => (StatusCode::CONFLICT, "not payable"),
-                Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "failed"),
-            }
+                // Not committed: a retry runs again.
+                Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "failed").into_response(),
+            };
+            // The payment, its coupons' messages and this answer commit together.
+            tx.commit(answer).into_response()
         }
     });
     Ok(axum::Router::new().route("/orders/{order_id}/pay", route.layer(keys)))

@@ -13,7 +13,7 @@ use crate::order::Order;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem::http::{DbError, IdempotencyLayer, Tx};
+use idem::http::{Committed, DbError, IdempotencyLayer, Tx};
 use idem::inbox::{Claimed, Delivery, Inbox, MessageKey};
 use idem::outbox::{self, Message, Outgoing, PublishError, Published, Publisher, Relay};
 use idem::{Creation, Outcome, StateMachine};
@@ -85,9 +85,9 @@ pub async fn consume(
     Ok(order_id * 10)
 }
 
-pub async fn charge(mut tx: Tx<Postgres>) -> Result<(StatusCode, String), DbError> {
+pub async fn charge(mut tx: Tx<Postgres>) -> Result<Committed<(StatusCode, String)>, DbError> {
     effect(&mut tx, 0, "charge").await?;
-    Ok((StatusCode::CREATED, "{\"charged\":true}".to_owned()))
+    Ok(tx.commit((StatusCode::CREATED, "{\"charged\":true}".to_owned())))
 }
 
 /// A publisher that keeps what it was given.

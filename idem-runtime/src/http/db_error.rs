@@ -12,17 +12,20 @@ use http::{Response, StatusCode};
 /// concurrent transaction, a lost connection, an exhausted pool) is a **503** with
 /// `Retry-After: 1` — on a Galera cluster a statement of the handler fails with 1213 when a
 /// write of the same key committed on another node first — and anything else a **500**.
-/// Neither is stored (a 5xx rolls the handler's writes back), so the retry with the same
-/// key runs again, or is replayed if a concurrent request with that key committed.
+/// Neither is stored (it does not come through [`Tx::commit`](super::Tx::commit): the
+/// handler's writes roll back), so the retry with the same key runs again, or is replayed if
+/// a concurrent request with that key committed.
 ///
 /// ```
-/// use idem::http::{DbError, Tx};
+/// use axum::http::StatusCode;
+/// use idem::http::{Committed, DbError, Tx};
 ///
-/// async fn create_order(mut tx: Tx<sqlx::Postgres>) -> Result<(axum::http::StatusCode, String), DbError> {
+/// async fn create_order(mut tx: Tx<sqlx::Postgres>)
+///     -> Result<Committed<(StatusCode, String)>, DbError> {
 ///     sqlx::query("INSERT INTO orders (status) VALUES ('CREATED')")
 ///         .execute(&mut **tx)
 ///         .await?;
-///     Ok((axum::http::StatusCode::CREATED, "created".to_owned()))
+///     Ok(tx.commit((StatusCode::CREATED, "created".to_owned())))
 /// }
 /// ```
 #[derive(Debug)]

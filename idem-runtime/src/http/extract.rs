@@ -1,5 +1,6 @@
 //! The handler's side of the layer: [`Tx`], the transaction the key record was written in,
-//! lent to the handler for the length of the request.
+//! lent to the handler for the length of the request, and [`Committed`], the response the
+//! handler gives back with it.
 
 use super::problem::Problem;
 use crate::backend::Backend;
@@ -7,6 +8,7 @@ use crate::inbox::Recorded;
 use crate::work::unit::Work;
 use axum_core::body::Body;
 use axum_core::extract::FromRequestParts;
+use axum_core::response::IntoResponse;
 use http::request::Parts;
 use http::{Response, StatusCode};
 use sqlx::Transaction;
@@ -21,14 +23,41 @@ pub(crate) type RequestWork<DB> = Work<'static, DB, Option<Recorded>>;
 /// Where the unit of work waits while the handler runs (a request extension).
 pub(crate) struct Slot<DB: Backend> {
     work: Arc<Mutex<Option<RequestWork<DB>>>>,
-    used: Arc<AtomicBool>,
+    marks: Arc<Marks>,
+}
+
+/// What the handler did with its [`Tx`], as the layer reads it once the response came.
+#[derive(Default)]
+struct Marks {
+    /// It wrote (or read) through the transaction.
+    used: AtomicBool,
+}
+
+/// The proof, in a response's extensions, that the handler of this request's [`Slot`]
+/// returned it through [`Tx::commit`].
+#[derive(Clone)]
+struct CommitMark(Arc<Marks>);
+
+/// How the handler's call ended, as its response and its transaction tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The response came out of the handler through [`Tx::commit`]: its writes commit with
+    /// it (if the policy keeps its status).
+    Committed,
+    /// The handler used its transaction, but the response did not come through
+    /// [`Tx::commit`]: the handler answered an error, forgot to commit, or did not finish (a
+    /// layer inside answered for it, or turned its panic into a response).
+    Uncommitted,
+    /// The handler never used its transaction, and the response did not come through
+    /// [`Tx::commit`].
+    Unused,
 }
 
 impl<DB: Backend> Clone for Slot<DB> {
     fn clone(&self) -> Self {
         Slot {
             work: self.work.clone(),
-            used: self.used.clone(),
+            marks: self.marks.clone(),
         }
     }
 }
@@ -37,51 +66,128 @@ impl<DB: Backend> Slot<DB> {
     pub(crate) fn new(work: RequestWork<DB>) -> Self {
         Slot {
             work: Arc::new(Mutex::new(Some(work))),
-            used: Arc::new(AtomicBool::new(false)),
+            marks: Arc::default(),
         }
     }
 
-    /// The unit of work back from the handler, and whether it used the transaction.
-    /// `None` if the handler still holds its [`Tx`] (moved it into a task that outlives
-    /// the request): the work is rolled back when that lets go.
-    pub(crate) fn take(&self) -> Option<(RequestWork<DB>, bool)> {
+    /// The unit of work back from the handler, and how the handler ended, read from its
+    /// response (whose proof of [`Tx::commit`] it removes). `None` if the handler still
+    /// holds its [`Tx`] (moved it into a task that outlives the request): the work is rolled
+    /// back when that lets go.
+    pub(crate) fn take(
+        &self,
+        response: &mut http::response::Parts,
+    ) -> Option<(RequestWork<DB>, Ending)> {
         let mut work = self.work.try_lock().ok()?;
         let work = work.take()?;
-        Some((work, self.used.load(Ordering::Acquire)))
+        let mark = response.extensions.remove::<CommitMark>();
+        let ending = if mark.is_some_and(|CommitMark(marks)| Arc::ptr_eq(&marks, &self.marks)) {
+            Ending::Committed
+        } else if self.marks.used.load(Ordering::Acquire) {
+            Ending::Uncommitted
+        } else {
+            Ending::Unused
+        };
+        Some((work, ending))
     }
 }
 
 /// The transaction of an idempotent request: the key record is written in it, the handler's
-/// statements run in it, and the response is stored and committed with them by the layer
+/// statements run in it, and the response the handler returns through
+/// [`commit`](Self::commit) is stored and committed with them by the layer
 /// ([`IdempotencyLayer`](super::IdempotencyLayer)) once the handler returns. Use it as
 /// `&mut **tx` wherever sqlx takes an executor (`tx` derefs to the `sqlx::Transaction`, which
 /// derefs to the connection), and pass it on to `#[idempotent]` handlers as `&mut *tx` (the
 /// `&mut Transaction`; they run in a savepoint of it).
 ///
 /// An extractor: take it as a handler argument, once. Only a route behind the layer has
-/// one; elsewhere the extraction fails with a 500 naming the problem. Do not commit it, and
-/// do not keep it past the handler: the layer commits it with the stored response.
+/// one; elsewhere the extraction fails with a 500 naming the problem. Do not keep it past
+/// the handler.
 ///
-/// A handler that answers without using the transaction (a validation error, say) is not
-/// stored: nothing commits, and a repeat of the request runs again.
+/// **The handler commits by returning its response through [`commit`](Self::commit)**: the
+/// response then carries the proof that it came out of the handler, and the layer stores it
+/// and commits the handler's writes with it. A response that did not come through `commit`
+/// — the handler's error path, a handler that forgot it, or an answer the handler never
+/// gave: a timeout inside the layer answering for it, a layer turning its panic into a 500 —
+/// rolls the writes back and is sent unstored, so a retry of the request runs again. As with
+/// a `sqlx::Transaction`, dropping the `Tx` rolls back.
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use idem::http::{Committed, DbError, Tx};
+/// use sqlx::Sqlite;
+///
+/// async fn create_order(mut tx: Tx<Sqlite>, body: String)
+///     -> Result<Committed<(StatusCode, &'static str)>, DbError> {
+///     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
+///         .bind(&body)
+///         .execute(&mut **tx)
+///         .await?; // an error answers without committing: nothing is kept
+///     Ok(tx.commit((StatusCode::CREATED, "created")))
+/// }
+/// ```
 pub struct Tx<DB: Backend> {
     guard: OwnedMappedMutexGuard<Option<RequestWork<DB>>, Transaction<'static, DB>>,
-    used: Arc<AtomicBool>,
+    marks: Arc<Marks>,
 }
 
 impl<DB: Backend> Deref for Tx<DB> {
     type Target = Transaction<'static, DB>;
 
     fn deref(&self) -> &Self::Target {
-        self.used.store(true, Ordering::Release);
+        self.marks.used.store(true, Ordering::Release);
         &self.guard
     }
 }
 
 impl<DB: Backend> DerefMut for Tx<DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        self.used.store(true, Ordering::Release);
+        self.marks.used.store(true, Ordering::Release);
         &mut self.guard
+    }
+}
+
+impl<DB: Backend> Tx<DB> {
+    /// The handler's answer, with its writes to commit: returned from the handler, it tells
+    /// the layer that the handler finished and that `response` is its own. The layer stores
+    /// it and commits it with the writes in one transaction (if the layer's
+    /// [`store_if`](super::IdempotencyLayer::store_if) keeps its status; otherwise both roll
+    /// back), then sends it. The transaction goes back to the layer here: nothing more can
+    /// be written through it.
+    pub fn commit<R: IntoResponse>(self, response: R) -> Committed<R> {
+        Committed {
+            response,
+            mark: CommitMark(self.marks.clone()),
+        }
+    }
+}
+
+/// A handler's response returned through [`Tx::commit`]: the handler finished, and its
+/// writes commit with this response. An axum response (`IntoResponse`).
+#[must_use = "return it from the handler: a response that does not carry it commits nothing"]
+pub struct Committed<R> {
+    response: R,
+    mark: CommitMark,
+}
+
+impl<R> Committed<R> {
+    /// The response inside.
+    pub fn get_ref(&self) -> &R {
+        &self.response
+    }
+}
+
+impl<R: core::fmt::Debug> core::fmt::Debug for Committed<R> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("Committed").field(&self.response).finish()
+    }
+}
+
+impl<R: IntoResponse> IntoResponse for Committed<R> {
+    fn into_response(self) -> Response<Body> {
+        let mut response = self.response.into_response();
+        response.extensions_mut().insert(self.mark);
+        response
     }
 }
 
@@ -119,7 +225,7 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for Tx<DB> {
         .map_err(|_| no_transaction("the transaction was already taken back by the layer"))?;
         Ok(Tx {
             guard,
-            used: slot.used,
+            marks: slot.marks,
         })
     }
 }

@@ -1,8 +1,10 @@
-//! What "the same request" means: the SHA-256 of the method, the path and query, the
-//! headers the layer is told to compare, and the body's bytes exactly as sent (no JSON
-//! canonicalization: a client retries by resending the same bytes). Each part is
-//! length-prefixed, so no two different requests hash alike by shifting bytes between
-//! parts. The scope (principal) and the key are hashed apart, into the record's key.
+//! What "the same request" means: the SHA-256 of the method, the path and query as the client
+//! sent them (axum's `OriginalUri` where a router left one: `Router::nest` strips its prefix
+//! from the URI the layer sees), the headers the layer is told to compare, and the body's
+//! bytes exactly as sent (no JSON canonicalization: a client retries by resending the same
+//! bytes). Each part is length-prefixed, so no two different requests hash alike by shifting
+//! bytes between parts. The scope (principal) and the key are hashed apart, into the
+//! record's key.
 
 use crate::value::hex::hex;
 use http::HeaderName;
@@ -13,7 +15,13 @@ use sha2::{Digest, Sha256};
 pub(crate) fn fingerprint(parts: &Parts, compared: &[HeaderName], body: &[u8]) -> String {
     let mut hash = Sha256::new();
     part(&mut hash, parts.method.as_str().as_bytes());
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    // The path the client sent: behind `Router::nest`, the URI the layer sees has lost the
+    // prefix (`/accounts/A` of `/accounts/A/transfers`), and axum keeps the original.
+    let uri = match parts.extensions.get::<axum::extract::OriginalUri>() {
+        Some(original) => &original.0,
+        None => &parts.uri,
+    };
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
     part(&mut hash, target.as_bytes());
     for name in compared {
         part(&mut hash, name.as_str().as_bytes());
@@ -82,6 +90,33 @@ mod tests {
         assert_eq!(
             fingerprint(&parts("POST", "/orders", "text/plain"), &[], b"{}"),
             fingerprint(&parts("POST", "/orders", "application/json"), &[], b"{}"),
+        );
+    }
+
+    #[test]
+    fn the_path_is_the_one_the_client_sent() {
+        let ct = [HeaderName::from_static("content-type")];
+        // Behind `Router::nest("/accounts/{id}", …)` both requests reach the layer as
+        // `/transfers`, with the client's path kept as axum's `OriginalUri`.
+        let nested = |original: &str| {
+            let mut parts = parts("POST", "/transfers", "application/json");
+            parts
+                .extensions
+                .insert(axum::extract::OriginalUri(original.parse().unwrap()));
+            fingerprint(&parts, &ct, b"{}")
+        };
+        assert_ne!(
+            nested("/accounts/A/transfers"),
+            nested("/accounts/B/transfers")
+        );
+        assert_eq!(
+            nested("/accounts/A/transfers"),
+            fingerprint(
+                &parts("POST", "/accounts/A/transfers", "application/json"),
+                &ct,
+                b"{}"
+            ),
+            "the same request as the un-nested route's"
         );
     }
 

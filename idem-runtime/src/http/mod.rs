@@ -2,19 +2,19 @@
 //! whose stored response commits in the same transaction as the handler's writes.
 //!
 //! ```no_run
-//! use axum::{Json, Router, routing::post};
-//! use idem::http::{IdempotencyLayer, Tx};
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use idem::http::{Committed, DbError, IdempotencyLayer, Tx};
 //! use idem::inbox::Inbox;
 //! use sqlx::Sqlite;
 //!
 //! async fn create_order(mut tx: Tx<Sqlite>, Json(order): Json<serde_json::Value>)
-//!     -> Result<(axum::http::StatusCode, String), axum::http::StatusCode> {
+//!     -> Result<Committed<(StatusCode, &'static str)>, DbError> {
 //!     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
 //!         .bind(order.to_string())
 //!         .execute(&mut **tx)
-//!         .await
-//!         .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)?;
-//!     Ok((axum::http::StatusCode::CREATED, "created".to_owned()))
+//!         .await?;
+//!     // The response, and the writes to commit with it.
+//!     Ok(tx.commit((StatusCode::CREATED, "created")))
 //! }
 //!
 //! /// The tenant your authentication put in the request's extensions.
@@ -34,7 +34,9 @@
 //!
 //! A request's key is recorded, scoped by its caller ([`IdempotencyLayer::principal`], or
 //! [`IdempotencyLayer::unscoped`] knowingly), in the transaction the handler writes through
-//! ([`Tx`]); the response is stored and committed with those writes, then sent. A repeat gets
+//! ([`Tx`]); the response the handler returns through [`Tx::commit`] is stored and committed
+//! with those writes, then sent (any other response — an error, or an answer a layer inside
+//! gave for a handler that did not finish — rolls them back and is not stored). A repeat gets
 //! the first response with `Idempotent-Replayed: true`, the same key with another request a
 //! 422, a repeat while the first runs a 409. [`IdempotencyLayer::leased`] serves handlers that
 //! call an outside service; [`IdempotencyLayer::optimistic`] records the key with the response
@@ -57,7 +59,7 @@ mod service;
 mod token;
 
 pub use db_error::DbError;
-pub use extract::{RequestKey, Tx};
+pub use extract::{Committed, RequestKey, Tx};
 pub use key::{IDEMPOTENCY_KEY, KeyProblem, MAX_HTTP_KEY_LEN, request_key};
 pub use response::IDEMPOTENT_REPLAYED;
 pub use scope::{KeyScope, PerPrincipal, ScopeUnset, Shared};
@@ -156,6 +158,11 @@ impl<DB: Backend> IdempotencyLayer<DB, ScopeUnset> {
 impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// Whether a request without a key is refused (400, the default) or runs without
     /// idempotency (`false`: it still gets its [`Tx`], and nothing is recorded).
+    ///
+    /// Requests of the safe methods (`GET`, `HEAD`, `OPTIONS`, `TRACE`: RFC 9110, 9.2.1)
+    /// are never recorded, whatever their key, which is not looked at: they change nothing,
+    /// so a later `GET` reads fresh data instead of a replay. Their handlers still get a
+    /// [`Tx`].
     pub fn required(mut self, required: bool) -> Self {
         self.config.required = required;
         self
@@ -165,7 +172,10 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// (from its headers or extensions, as your authentication left them), and the same key
     /// from two principals is two records, never a replay of the other's response, nor a
     /// 422 telling one that the other used the key. Its `Err` is sent as the response
-    /// (`Err(StatusCode::UNAUTHORIZED)`, say), and nothing runs.
+    /// (`Err(StatusCode::UNAUTHORIZED)`, say), and nothing runs. An empty principal
+    /// (`Ok(String::new())`) names no one and is refused too, with a **401**: it would put
+    /// every such caller in one scope, and sharing keys is [`unscoped`](Self::unscoped)'s to
+    /// say.
     pub fn principal<R: IntoResponse>(
         self,
         principal: impl Fn(&Parts) -> Result<String, R> + Send + Sync + 'static,
@@ -223,9 +233,11 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
         self
     }
 
-    /// Which statuses are stored and committed with the handler's writes. By default every
-    /// status below 500: a 5xx rolls the handler's writes back and is not stored, so a retry
-    /// runs again. `|_| true` keeps 5xx too.
+    /// Which statuses of the responses handlers return through [`Tx::commit`] are stored and
+    /// committed with the handler's writes. By default every status below 500: a 5xx rolls
+    /// the handler's writes back and is not stored, so a retry runs again. `|_| true` keeps
+    /// 5xx too. (A response that does not come through `Tx::commit` is never stored; in the
+    /// [`leased`](Self::leased) mode, which has no `Tx`, the policy alone decides.)
     pub fn store_if(mut self, keep: fn(StatusCode) -> bool) -> Self {
         self.config.store_if = keep;
         self
@@ -233,7 +245,9 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
 
     /// How long a repeat of a request still running in this process waits for it before
     /// the 409 (by default not at all). A repeat that gets its turn gets the first response.
-    /// A repeat arriving at another process is answered by the database (see the module
+    /// In every form: in the [`leased`](Self::leased) one, a repeat that waited in vain asks
+    /// the database, which answers the 409 with the lease's end as its `Retry-After`. A
+    /// repeat arriving at another process is answered by the database (see the module
     /// documentation).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;

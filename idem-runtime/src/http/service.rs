@@ -3,7 +3,7 @@
 //! writes → the response sent.
 
 use super::Config;
-use super::extract::{RequestKey, Slot};
+use super::extract::{Ending, RequestKey, Slot};
 use super::fingerprint::{fingerprint, record_key};
 use super::flight::Flight;
 use super::key::{KeyProblem, request_key};
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Limited};
 use std::convert::Infallible;
@@ -90,6 +90,15 @@ where
     ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (parts, body) = request.into_parts();
+    if parts.method.is_safe() {
+        // GET, HEAD, OPTIONS and TRACE change nothing by definition (RFC 9110, 9.2.1): their
+        // key is not looked at and nothing is recorded, so a later GET reads fresh data
+        // instead of a replay. The handler still gets its transaction.
+        let request = Request::from_parts(parts, Body::new(body));
+        return run(config, inner, request, &Unrecorded, None)
+            .await
+            .map(Ran::response);
+    }
     let header_key = match request_key(&parts.headers) {
         Ok(key) => key,
         Err(problem) => return Ok(bad_key(&problem)),
@@ -107,6 +116,7 @@ where
     }
     let scope = match &config.principal {
         Some(principal) => match principal(&parts) {
+            Ok(scope) if scope.is_empty() => return Ok(no_principal()),
             Ok(scope) => scope,
             Err(refused) => return Ok(*refused),
         },
@@ -119,11 +129,10 @@ where
     // A form's token, in its body when it is not in the header.
     let form_key = || {
         let tokens = config.tokens.as_ref()?;
-        let form = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+        let form = is_media_type(
+            parts.headers.get(header::CONTENT_TYPE),
+            "application/x-www-form-urlencoded",
+        );
         form.then(|| form_field(&body, tokens.field_name()))
             .flatten()
     };
@@ -159,8 +168,16 @@ where
     request.extensions_mut().insert(RequestKey(record.clone()));
     if config.leased {
         // The claim commits at once: the database answers a repeat, and after the lease a
-        // repeat may take the key over (so no process-local hold on it).
-        return leased(config, inner, request, &message, fingerprint).await;
+        // repeat may take the key over. A repeat of a request still running in this process
+        // waits for it first (at most `wait`), and then asks the database, which replays
+        // the first response, or answers 409 with the lease's end if it still runs.
+        let flight = match config.wait.is_zero() {
+            true => None,
+            false => config.in_flight.enter(&record, config.wait).await,
+        };
+        let answer = leased(config, inner, request, &message, fingerprint).await;
+        drop(flight);
+        return answer;
     }
     // A repeat of a request still running in this process: answered at once, or after
     // waiting for it (bounded), without queueing for the database.
@@ -245,7 +262,8 @@ where
     let slot = Slot::new(work.map_kept(P::slotted));
     request.extensions_mut().insert(slot.clone());
     let response = held.run(inner.call(request)).await?;
-    let Some((work, used)) = slot.take() else {
+    let (mut parts, body) = response.into_parts();
+    let Some((work, ending)) = slot.take(&mut parts) else {
         // The handler kept its transaction past the request: it rolls back whenever that
         // ends, so nothing can be stored now.
         drop(flight);
@@ -253,10 +271,18 @@ where
             "the handler kept its idem::http::Tx after it returned; nothing was committed",
         )));
     };
-    let (parts, body) = response.into_parts();
-    if !used || !(config.store_if)(parts.status) {
-        // Not the handler's result to keep (it answered without its transaction), or
-        // not kept by the policy (a 5xx: the retry runs again): nothing commits.
+    if ending == Ending::Uncommitted && parts.status.is_success() {
+        // Most likely a handler that forgot `tx.commit(…)`; an error path, or an answer a
+        // layer inside gave for a handler that did not finish, is not a success.
+        tracing::warn!(
+            status = parts.status.as_u16(),
+            "idem: a response that did not come through Tx::commit; the handler's writes were rolled back and nothing was stored"
+        );
+    }
+    if ending != Ending::Committed || !(config.store_if)(parts.status) {
+        // Not the handler's result to keep (it did not return it through `Tx::commit`: an
+        // error, or an answer a layer inside gave for it), or not kept by the policy (a 5xx:
+        // the retry runs again): nothing commits.
         drop(work);
         // In the optimistic form, a repeat's handler may fail because the first's writes
         // committed meanwhile: the first's response is the answer then.
@@ -438,11 +464,7 @@ where
 /// Whether the response's body is to be kept: its length is known and within `limit`, and
 /// it is not an event stream.
 fn kept_length<B: HttpBody>(parts: &http::response::Parts, body: &B, limit: usize) -> bool {
-    let streamed = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let streamed = is_media_type(parts.headers.get(header::CONTENT_TYPE), "text/event-stream");
     let hint = body.size_hint();
     !streamed && hint.upper().is_some_and(|n| n <= limit as u64)
 }
@@ -651,6 +673,29 @@ impl<DB: Backend> Answer<DB> for Unrecorded {
             Err(e) => database_error(&e),
         }
     }
+}
+
+/// Whether a `Content-Type` names `essence` (`type/subtype`, lowercase), whatever its
+/// parameters, in any case (RFC 9110, 8.3.1: type and subtype are case-insensitive).
+fn is_media_type(value: Option<&HeaderValue>, essence: &str) -> bool {
+    value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(essence))
+}
+
+/// A 401 for a request whose principal function named no one (an empty principal): keys are
+/// scoped per caller, and an empty scope would be shared by every such caller.
+fn no_principal() -> Response<Body> {
+    tracing::warn!(
+        "idem: the layer's principal function returned an empty principal; the request is refused (return Err for an unauthenticated caller, or scope the route with .unscoped() knowingly)"
+    );
+    Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "No principal",
+        "the request names no caller, and this route keeps idempotency keys per caller",
+    )
+    .into_response()
 }
 
 fn bad_key(problem: &KeyProblem) -> Response<Body> {

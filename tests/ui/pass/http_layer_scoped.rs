@@ -1,12 +1,12 @@
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem::http::{IdempotencyLayer, Shared, Tx};
+use idem::http::{Committed, IdempotencyLayer, Shared, Tx};
 use idem::inbox::Inbox;
 use sqlx::{Sqlite, SqlitePool};
 
-async fn create_order(_tx: Tx<Sqlite>) -> &'static str {
-    "created"
+async fn create_order(tx: Tx<Sqlite>) -> Committed<&'static str> {
+    tx.commit("created")
 }
 
 // Either choice compiles, and shows in the layer's type.
