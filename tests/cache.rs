@@ -397,6 +397,32 @@ macro_rules! cache_tests {
                 assert!(claim(&message_key(2), b"p2").await.is_err());
             }
 
+            /// Two inboxes of one server in two places of their own (PostgreSQL: two
+            /// schemas of one database, each on its pool's `search_path`, as the inbox guide
+            /// recommends; MariaDB: two databases; SQLite: two files), one cache attached to
+            /// both: the same message delivered to each is processed in each.
+            #[tokio::test]
+            async fn two_schemas_never_share_an_entry() {
+                let Some(redis) = OwnRedis::start() else { return };
+                let (Some(a), Some(b)) = (setup().await, setup().await) else { return };
+                let cache = fast_path(&redis, "schemas");
+                cache.attach(&a).await.unwrap();
+                cache.attach(&b).await.unwrap();
+                let inbox = Inbox::new("billing").unwrap();
+                for (n, pool) in [&a, &b].into_iter().enumerate() {
+                    let delivery = consume(pool, &inbox, &message_key(1), b"p1", 1).await.unwrap();
+                    assert_eq!(delivery, Delivery::Processed(10), "schema {n}");
+                    written(&cache, 2 * n as u64 + 1).await;
+                    assert_eq!(pay(pool, 1, false).await.unwrap(), Outcome::Applied("receipt 1".into()), "schema {n}");
+                    written(&cache, 2 * n as u64 + 2).await;
+                }
+                for pool in [&a, &b] {
+                    assert_eq!(effects(pool, "consume").await, [(1, 1)]);
+                    assert_eq!(effects(pool, "pay").await, [(1, 1)]);
+                }
+                assert_eq!(redis.keys("schemas").await.len(), 4);
+            }
+
             /// `Inbox::purge` refuses a retention shorter than the cache's entries live.
             #[tokio::test]
             async fn a_purge_shorter_than_the_cache_ttl_is_refused() {
