@@ -259,7 +259,9 @@ macro_rules! staging_cost {
 #[derive(Clone)]
 enum Broker {
     Nats(async_nats::jetstream::Context, String),
-    Rabbit(lapin::Channel, String),
+    /// The channel the by-hand publishes use, idem's publisher (channels of its own on the
+    /// same connection), and the queue.
+    Rabbit(lapin::Channel, outbox::rabbitmq::Rabbit, String),
 }
 
 impl Broker {
@@ -274,7 +276,7 @@ impl Broker {
     fn destination(&self) -> outbox::Destination {
         match self {
             Broker::Nats(_, stream) => outbox::Destination::subject(format!("{stream}.m")),
-            Broker::Rabbit(_, queue) => outbox::Destination::exchange("", queue.as_str()),
+            Broker::Rabbit(_, _, queue) => outbox::Destination::exchange("", queue.as_str()),
         }
     }
 
@@ -293,7 +295,7 @@ impl Broker {
                 }));
                 acks.await;
             }
-            Broker::Rabbit(channel, _) => {
+            Broker::Rabbit(channel, _, _) => {
                 let confirms = join_all(batch.iter().map(
                     |(id, exchange, routing_key, payload)| async move {
                         let properties = lapin::BasicProperties::default()
@@ -330,11 +332,7 @@ impl Publisher for Broker {
                     .publish(message)
                     .await
             }
-            Broker::Rabbit(channel, _) => {
-                outbox::rabbitmq::Rabbit::new(channel.clone())
-                    .publish(message)
-                    .await
-            }
+            Broker::Rabbit(_, rabbit, _) => rabbit.publish(message).await,
         }
     }
 }
@@ -575,9 +573,9 @@ async fn brokers() -> Vec<Broker> {
             )
             .await
             .unwrap();
-        // The connection lives as long as the benchmark.
-        std::mem::forget(connection);
-        brokers.push(Broker::Rabbit(channel, queue));
+        // The connection lives as long as the benchmark (idem's publisher holds it).
+        let rabbit = outbox::rabbitmq::Rabbit::new(connection);
+        brokers.push(Broker::Rabbit(channel, rabbit, queue));
     }
     brokers
 }
@@ -588,7 +586,7 @@ async fn cleanup(brokers: &[Broker]) {
             Broker::Nats(js, name) => {
                 let _ = js.delete_stream(name).await;
             }
-            Broker::Rabbit(channel, queue) => {
+            Broker::Rabbit(channel, _, queue) => {
                 let _ = channel
                     .queue_delete(
                         queue.as_str().into(),

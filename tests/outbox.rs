@@ -80,6 +80,50 @@ impl Publisher for Recorder {
     }
 }
 
+/// A publisher that fails the ordering key `nul` with an error holding a NUL, panics on
+/// the ordering key `boom`, and acknowledges every other message (counted per id).
+#[derive(Clone, Default)]
+pub struct Quirky {
+    acked: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Quirky {
+    fn acked(&self, id: &str) -> usize {
+        self.acked.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+impl Publisher for Quirky {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        tokio::task::yield_now().await;
+        match message.ordering_key() {
+            "nul" => Err("the broker said: bad\0byte \u{1b}[31m".into()),
+            "boom" => panic!("the publisher cannot take this message"),
+            _ => {
+                *self
+                    .acked
+                    .lock()
+                    .unwrap()
+                    .entry(message.id().to_owned())
+                    .or_default() += 1;
+                Ok(Published::Acked)
+            }
+        }
+    }
+}
+
+/// Waits (at most 10 s) until `done` holds.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The error inside a staging error: what the outbox said.
 fn outbox_error(e: &sqlx::Error) -> Option<&OutboxError> {
     match e {
@@ -557,6 +601,83 @@ macro_rules! outbox_tests {
                 assert_eq!(staged(&pool).await, 1, "the row is kept");
             }
 
+            /// A failure whose error text holds a NUL (PostgreSQL's `text` refuses it) is
+            /// recorded, and the batch's acknowledged message stays marked: never published
+            /// again.
+            #[tokio::test]
+            async fn an_error_holding_a_nul_is_recorded_and_the_rest_stays_published() {
+                let Some(pool) = setup(0).await else { return };
+                let mut tx = $begin(&pool).await;
+                outbox::stage(&mut tx, Message::json("m", &1).id("good").ordering_key("ok")).await.unwrap();
+                outbox::stage(&mut tx, Message::json("m", &2).id("odd").ordering_key("nul")).await.unwrap();
+                tx.commit().await.unwrap();
+                let quirky = Quirky::default();
+                let relay = Relay::new(pool.clone(), quirky.clone())
+                    .max_attempts(2)
+                    .backoff(Duration::from_millis(1), Duration::from_millis(1));
+                for round in 0..3 {
+                    let relayed = relay.run_once().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    if round == 0 {
+                        assert_eq!((relayed.claimed, relayed.published, relayed.failed), (2, 1, 1));
+                    }
+                }
+                assert_eq!(quirky.acked("good"), 1, "an acknowledged message is never sent again");
+                let dead = outbox::dead(&pool, 10).await.unwrap();
+                assert_eq!(dead.len(), 1, "{dead:?}");
+                assert_eq!(dead[0].attempts, 2);
+                let error = dead[0].last_error.as_deref().unwrap();
+                assert_eq!(error, "the broker said: bad\u{fffd}byte \u{fffd}[31m");
+            }
+
+            /// A publisher that panics fails that message's attempt; the spawned relay goes
+            /// on publishing the others, and later ones.
+            #[tokio::test]
+            async fn a_publisher_that_panics_fails_its_message_and_the_relay_goes_on() {
+                let Some(pool) = setup(0).await else { return };
+                let stage = async |id: &str, key: &str| {
+                    let mut tx = $begin(&pool).await;
+                    outbox::stage(&mut tx, Message::json("m", &1).id(id).ordering_key(key)).await.unwrap();
+                    tx.commit().await.unwrap();
+                };
+                stage("first", "a").await;
+                stage("poison", "boom").await;
+                let quirky = Quirky::default();
+                let relay = Relay::new(pool.clone(), quirky.clone())
+                    .max_attempts(1)
+                    .poll_interval(Duration::from_millis(10))
+                    .spawn()
+                    .unwrap();
+                until("the first published", async || quirky.acked("first") == 1).await;
+                until("the poison dead", async || outbox::dead(&pool, 10).await.unwrap().len() == 1).await;
+                stage("later", "c").await;
+                until("a later message published", async || quirky.acked("later") == 1).await;
+                let dead = outbox::dead(&pool, 10).await.unwrap();
+                assert!(dead[0].last_error.as_deref().unwrap().contains("the publisher panicked: the publisher cannot take this message"), "{dead:?}");
+                relay.stop().await;
+            }
+
+            /// The guide's `relay.spawn()?;`: the handle dropped, the relay runs on, batch
+            /// after batch.
+            #[tokio::test]
+            async fn a_relay_whose_handle_is_dropped_runs_on() {
+                let Some(pool) = setup(0).await else { return };
+                let quirky = Quirky::default();
+                drop(
+                    Relay::new(pool.clone(), quirky.clone())
+                        .poll_interval(Duration::from_millis(10))
+                        .spawn()
+                        .unwrap(),
+                );
+                for round in 0..3 {
+                    let id = format!("m-{round}");
+                    let mut tx = $begin(&pool).await;
+                    outbox::stage(&mut tx, Message::json("m", &round).id(id.clone())).await.unwrap();
+                    tx.commit().await.unwrap();
+                    until(&format!("round {round} published"), async || quirky.acked(&id) == 1).await;
+                }
+            }
+
             /// Several relays at once: every message published, per key in order.
             #[tokio::test]
             async fn relays_at_once_publish_every_message_in_order_per_key() {
@@ -641,6 +762,24 @@ outbox_tests!(
     begin_mysql,
     positional = true
 );
+
+/// A batch over what one statement may carry is refused when the relay is built.
+#[tokio::test]
+async fn a_batch_size_over_the_bound_is_refused() {
+    let pool = common::sqlite_memory().await;
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(Relay::new(pool.clone(), Recorder::default()).batch_size(outbox::MAX_BATCH_SIZE + 1))
+    }));
+    let Err(panic) = built else {
+        panic!("a batch_size over the bound was taken")
+    };
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("batch_size(10001) is over 10000"),
+        "{message}"
+    );
+    drop(Relay::new(pool, Recorder::default()).batch_size(outbox::MAX_BATCH_SIZE));
+}
 
 async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
     pool.begin_with("BEGIN IMMEDIATE").await.unwrap()

@@ -114,6 +114,66 @@ async fn jetstream_holds_each_message_once_and_the_consumer_keys_it_by_its_id() 
     .await;
 }
 
+/// Rows whose headers are JSON but not NATS headers (written by hand, outside `stage`): a
+/// name with `:`, a value with a line break. Each is a failed attempt naming what is wrong,
+/// never a panic; the relay's next message is published.
+#[tokio::test]
+async fn jetstream_headers_nats_cannot_carry_fail_their_message() {
+    let Some(url) = nats_url() else { return };
+    let js = jetstream::new(async_nats::connect(&url).await.unwrap());
+    let name = unique("outbox-headers");
+    let _stream = stream_on(&js, &name).await;
+    let js2 = js.clone();
+    let name2 = name.clone();
+    cleanup_after(
+        async move {
+            let pool = common::sqlite_file(&format!("outbox-hdr-{}", common::next_id()), 2).await;
+            idem::migrate(&pool).await.unwrap();
+            let subject = || outbox::Destination::subject(format!("{name2}.h"));
+            stage_many(&pool, subject(), "bad", 2).await;
+            for (id, headers) in [
+                ("bad-0", r#"[["bad name:", "v"]]"#),
+                ("bad-1", r#"[["x-fine", "line\r\nbreak"]]"#),
+            ] {
+                sqlx::query("UPDATE idem_outbox SET headers = ? WHERE id = ?")
+                    .bind(headers)
+                    .bind(id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            stage_many(&pool, subject(), "good", 1).await;
+            let relay = Relay::new(pool.clone(), JetStream::new(js2.clone())).max_attempts(1);
+            let relayed = relay.run_once().await.unwrap();
+            assert_eq!(
+                (relayed.claimed, relayed.published, relayed.dead),
+                (3, 1, 2)
+            );
+            let dead = outbox::dead(&pool, 10).await.unwrap();
+            let errors: Vec<&str> = dead
+                .iter()
+                .filter_map(|d| d.last_error.as_deref())
+                .collect();
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.contains("header name \"bad name:\"")),
+                "{errors:?}"
+            );
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.contains("header x-fine has a value NATS refuses")),
+                "{errors:?}"
+            );
+        },
+        async || {
+            let _ = js.delete_stream(&name).await;
+        },
+    )
+    .await;
+}
+
 /// A NATS server of this test's own, on a free port, with its JetStream store in a
 /// directory that outlives a kill.
 struct OwnNats {
@@ -271,6 +331,7 @@ async fn rabbitmq_confirms_each_message_and_an_unroutable_one_fails() {
         .unwrap();
     let channel2 = channel.clone();
     let queue2 = queue.clone();
+    let url2 = url.clone();
     cleanup_after(
         async move {
             let pool = common::sqlite_file(&format!("outbox-amqp-{}", common::next_id()), 2).await;
@@ -290,7 +351,8 @@ async fn rabbitmq_confirms_each_message_and_an_unroutable_one_fails() {
             .id("lost");
             outbox::stage(&mut tx, lost).await.unwrap();
             tx.commit().await.unwrap();
-            let relay = Relay::new(pool.clone(), Rabbit::new(channel2.clone())).max_attempts(1);
+            let relay =
+                Relay::new(pool.clone(), Rabbit::connect(&url2).await.unwrap()).max_attempts(1);
             let relayed = relay.run_once().await.unwrap();
             assert_eq!(
                 (relayed.claimed, relayed.published, relayed.failed),
@@ -330,6 +392,80 @@ async fn rabbitmq_confirms_each_message_and_an_unroutable_one_fails() {
                     .unwrap();
             }
             assert_eq!(ids, (0..10).map(|i| format!("r-{i}")).collect());
+        },
+        async || {
+            let _ = channel
+                .queue_delete(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await;
+        },
+    )
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// RabbitMQ: a message to an exchange that does not exist (the broker closes the channel it
+/// was published on) fails its own attempts; the batch's other messages, and every later
+/// one, are published.
+#[tokio::test]
+async fn rabbitmq_a_missing_exchange_fails_only_its_own_message() {
+    let Some(url) = amqp_url() else { return };
+    let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let queue = unique("outbox-missing");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue2 = queue.clone();
+    // The publisher shares the test's connection: its channels are its own.
+    let connection = std::sync::Arc::new(connection);
+    let shared = connection.clone();
+    cleanup_after(
+        async move {
+            let pool =
+                common::sqlite_file(&format!("outbox-missing-{}", common::next_id()), 2).await;
+            idem::migrate(&pool).await.unwrap();
+            let good = || outbox::Destination::exchange("", queue2.as_str());
+            stage_many(&pool, good(), "before", 5).await;
+            let missing = outbox::Destination::exchange(unique("idem-no-such-exchange"), "k");
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            outbox::stage(&mut tx, Message::json(missing, &0).id("misaddressed"))
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            let relay = Relay::new(pool.clone(), Rabbit::new(shared))
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1), Duration::from_millis(1));
+            let first = relay.run_once().await.unwrap();
+            assert_eq!((first.claimed, first.published, first.failed), (6, 5, 1));
+            for round in 0..2 {
+                stage_many(&pool, good(), &format!("after-{round}"), 5).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let later = relay.run_once().await.unwrap();
+                let failed = usize::from(round == 0);
+                assert_eq!(
+                    (later.published, later.failed),
+                    (5, failed),
+                    "round {round}: the misaddressed message is retried once, alone in failing"
+                );
+            }
+            let dead = outbox::dead(&pool, 10).await.unwrap();
+            assert_eq!(dead.len(), 1, "{dead:?}");
+            assert!(
+                dead[0].last_error.as_deref().unwrap().contains("NOT_FOUND"),
+                "{dead:?}"
+            );
+            let backlog = outbox::backlog(&pool).await.unwrap();
+            assert_eq!((backlog.pending, backlog.dead), (1, 1), "{backlog:?}");
         },
         async || {
             let _ = channel

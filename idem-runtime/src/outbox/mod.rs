@@ -34,7 +34,9 @@ mod stage;
 
 pub use effect::{EffectKey, MAX_ORDERING_KEY_LEN};
 pub use message::{Destination, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
-pub use relay::{Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed};
+pub use relay::{
+    MAX_BATCH_SIZE, Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed,
+};
 pub(crate) use stage::stage_in;
 pub use stage::{set_notify, stage};
 

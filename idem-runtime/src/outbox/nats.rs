@@ -4,14 +4,17 @@
 
 use super::{ID_HEADER, IncomingKeyError, Outgoing, PublishError, Published, Publisher};
 use crate::inbox::MessageKey;
-use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use std::str::FromStr;
 
 /// Publishes to JetStream: the subject is the message's destination, its id goes in
 /// `Nats-Msg-Id` (so the stream drops a re-publish inside its duplicate window), its headers
 /// go along, and it counts as published once the stream's PubAck arrives (a PubAck marked
 /// `duplicate` too: the stream had it already). A subject no stream captures has no
-/// PubAck: the publish fails ("no responders") and is tried again later.
+/// PubAck: the publish fails ("no responders") and is tried again later. A header NATS
+/// cannot carry (a name with `:` or a control character, a value with a line break: a row
+/// written outside [`stage`](super::stage)) fails the attempt, naming it.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
@@ -36,7 +39,13 @@ impl Publisher for JetStream {
     async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
         let mut headers = HeaderMap::new();
         for (name, value) in message.headers() {
-            headers.append(name.as_str(), value.as_str());
+            // Checked here, not by async-nats's conversions, which panic: a row written by
+            // hand may hold anything, and it is one failed attempt.
+            let name = HeaderName::from_str(name)
+                .map_err(|e| format!("its header name {name:?} is not a NATS header's: {e}"))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|e| format!("its header {name} has a value NATS refuses: {e}"))?;
+            headers.append(name, value);
         }
         headers.insert(ID_HEADER, message.id());
         let ack = self

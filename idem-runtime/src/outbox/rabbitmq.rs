@@ -4,41 +4,104 @@
 
 use super::{IncomingKeyError, Outgoing, PublishError, Published, Publisher};
 use crate::inbox::MessageKey;
-use lapin::Confirmation;
-use lapin::options::BasicPublishOptions;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::Mutex;
 
-/// Publishes to RabbitMQ on a channel in confirm mode: to the message's exchange with its
+/// Publishes to RabbitMQ with publisher confirms: to the message's exchange with its
 /// routing key, persistent (`delivery_mode` 2), `mandatory` (a message no queue takes comes
 /// back, and counts as a failed attempt: it would be lost otherwise), with its id as
 /// `message_id` and its headers as AMQP headers. It counts as published on the broker's
 /// confirm; a nack is a failed attempt.
+///
+/// It opens a channel in confirm mode **per exchange**, on the connection it is given, and
+/// opens it again when the broker closed it: a message to an exchange that does not exist
+/// (the broker closes the channel with 404) fails its own attempts and nothing else, and
+/// the next message to a good exchange is published as ever. Made with
+/// [`connect`](Self::connect), it also connects again when the connection was lost.
 ///
 /// [`JetStream`](super::nats::JetStream)'s broker drops a re-published id; RabbitMQ keeps
 /// both copies, and the next hop's inbox absorbs the second ([`message_key`]).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-/// use lapin::{Connection, ConnectionProperties, options::ConfirmSelectOptions};
-/// let connection =
-///     Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", ConnectionProperties::default())
-///         .await?;
-/// let channel = connection.create_channel().await?;
-/// channel.confirm_select(ConfirmSelectOptions::default()).await?;
-/// let relay = idem::outbox::Relay::new(pool, idem::outbox::rabbitmq::Rabbit::new(channel)).spawn()?;
+/// let rabbit = idem::outbox::rabbitmq::Rabbit::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let relay = idem::outbox::Relay::new(pool, rabbit).spawn()?;
 /// # relay.stop().await; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Rabbit {
-    channel: Channel,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Where to connect again, when the publisher made its connection.
+    uri: Option<String>,
+    connection: Mutex<Arc<Connection>>,
+    /// The open channel of each exchange.
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl std::fmt::Debug for Rabbit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rabbit").finish_non_exhaustive()
+    }
 }
 
 impl Rabbit {
-    /// A publisher on `channel`, which must be in confirm mode (`confirm_select`): without
-    /// confirms no publish is ever acknowledged, and each counts as failed.
-    pub fn new(channel: Channel) -> Rabbit {
-        Rabbit { channel }
+    /// A publisher on `connection` (a `lapin::Connection`, or an `Arc` of one shared with
+    /// the rest of the program). Its channels are its own; a lost connection is not made
+    /// again (see [`connect`](Self::connect)): each publish fails until it is back.
+    pub fn new(connection: impl Into<Arc<Connection>>) -> Rabbit {
+        Rabbit::with(None, connection.into())
+    }
+
+    /// A publisher on a connection of its own to `uri`, made again whenever it is lost.
+    pub async fn connect(uri: &str) -> Result<Rabbit, lapin::Error> {
+        let connection = Connection::connect(uri, ConnectionProperties::default()).await?;
+        Ok(Rabbit::with(Some(uri.to_owned()), Arc::new(connection)))
+    }
+
+    fn with(uri: Option<String>, connection: Arc<Connection>) -> Rabbit {
+        Rabbit {
+            inner: Arc::new(Inner {
+                uri,
+                connection: Mutex::new(connection),
+                channels: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The open channel in confirm mode for `exchange`: the one it had, or a new one.
+    async fn channel(&self, exchange: &str) -> Result<Channel, PublishError> {
+        let mut channels = self.inner.channels.lock().await;
+        if let Some(channel) = channels.get(exchange)
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        let connection = self.connection().await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        channels.insert(exchange.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    /// The connection, made again if it was lost and the publisher knows where to.
+    async fn connection(&self) -> Result<Arc<Connection>, PublishError> {
+        let mut connection = self.inner.connection.lock().await;
+        if !connection.status().connected()
+            && let Some(uri) = &self.inner.uri
+        {
+            *connection =
+                Arc::new(Connection::connect(uri, ConnectionProperties::default()).await?);
+        }
+        Ok(connection.clone())
     }
 }
 
@@ -59,8 +122,8 @@ impl Publisher for Rabbit {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let confirmation = self
-            .channel
+        let channel = self.channel(message.destination()).await?;
+        let confirmation = channel
             .basic_publish(
                 message.destination().into(),
                 message.routing_key().into(),
@@ -81,10 +144,8 @@ impl Publisher for Rabbit {
             )
             .into()),
             Confirmation::Nack(_) => Err("the broker nacked the message".into()),
-            Confirmation::NotRequested => Err(
-                "the channel is not in confirm mode: call confirm_select on it before Rabbit::new"
-                    .into(),
-            ),
+            // Every channel of its own is in confirm mode.
+            Confirmation::NotRequested => Err("the channel is not in confirm mode".into()),
         }
     }
 }

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 use tracing::field::Empty;
 
+/// The largest [`Relay::batch_size`]: 10,000 messages.
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+
 /// What a publisher's error is: anything that says what went wrong.
 pub type PublishError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -188,8 +191,18 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
-    /// At most `messages` per batch (at least 1).
+    /// At most `messages` per batch (at least 1, at most [`MAX_BATCH_SIZE`]).
+    ///
+    /// # Panics
+    ///
+    /// Above [`MAX_BATCH_SIZE`]: a batch's claim and marks are single statements with a
+    /// parameter per message, which PostgreSQL bounds at 65,535 parameters and MySQL by
+    /// `max_allowed_packet`; such a relay would publish its batch and never mark it.
     pub fn batch_size(mut self, messages: u32) -> Self {
+        assert!(
+            messages <= MAX_BATCH_SIZE,
+            "idem: an outbox relay's batch_size({messages}) is over {MAX_BATCH_SIZE}: its statements would outgrow what the database takes; claim smaller batches (more relays, or a shorter poll interval, move more)"
+        );
         self.batch = messages.max(1);
         self
     }
@@ -350,13 +363,16 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             if let Some(problem) = &claimed.problem {
                 return Err(problem.clone());
             }
-            let publish = self.publisher.publish(&claimed.outgoing);
+            // A publisher that panics (on a row it cannot take) fails this attempt: it never
+            // ends the relay, nor takes the batch's other messages with it.
+            let publish = unwound(self.publisher.publish(&claimed.outgoing));
             match tokio::time::timeout(self.publish_timeout, publish).await {
-                Ok(Ok(published)) => {
+                Ok(Ok(Ok(published))) => {
                     reached(FaultPoint::Acked);
                     Ok(published)
                 }
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Ok(Err(e))) => Err(e.to_string()),
+                Ok(Err(panicked)) => Err(format!("the publisher panicked: {panicked}")),
                 Err(_) => Err(format!(
                     "no acknowledgement within {:?}",
                     self.publish_timeout
@@ -431,7 +447,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// Spawns [`run`](Self::run) on the current Tokio runtime; stop it with
-    /// [`RelayHandle::stop`]. `Err` outside a runtime.
+    /// [`RelayHandle::stop`]. Dropping the handle does not stop it: the relay then runs
+    /// until the runtime shuts down (`relay.spawn()?;` starts one for the life of the
+    /// process). `Err` outside a runtime.
     pub fn spawn(self) -> Result<RelayHandle, tokio::runtime::TryCurrentError>
     where
         DB: 'static,
@@ -439,13 +457,17 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let runtime = tokio::runtime::Handle::try_current()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = runtime.spawn(self.run(async move {
-            let _ = stopped.await;
+            if stopped.await.is_err() {
+                // The handle was dropped, not told to stop: run on.
+                std::future::pending::<()>().await;
+            }
         }));
         Ok(RelayHandle { stop, task })
     }
 }
 
-/// A spawned relay.
+/// A spawned relay: [`stop`](Self::stop) stops it. Dropped, it lets the relay run on
+/// until the runtime shuts down.
 #[derive(Debug)]
 pub struct RelayHandle {
     stop: tokio::sync::oneshot::Sender<()>,
@@ -648,7 +670,7 @@ impl<DB: Backend, P: Publisher> Marks<'_, DB, P> {
             let attempt = claimed.outgoing.attempt;
             let dead = attempt >= max_attempts;
             let delay = self.relay.delay(attempt, claimed.outgoing.seq);
-            let error: String = error.chars().take(2000).collect();
+            let error = storable(error);
             let params = [
                 Param::Int(claimed.outgoing.seq),
                 Param::Text(&error),
@@ -731,6 +753,40 @@ impl Relayed {
     fn name(&self) -> &'static str {
         if self.claimed == 0 { "idle" } else { "relayed" }
     }
+}
+
+/// An attempt's error as it is stored: at most 2,000 characters, and no NUL, which
+/// PostgreSQL's `text` refuses (SQLSTATE 22021, aborting the transaction and with it the
+/// marks of the batch's acknowledged messages): a NUL, like every other control character
+/// but a line break or a tab, becomes U+FFFD. Whatever a broker or a publisher says, the
+/// failure is recorded.
+fn storable(error: &str) -> String {
+    error
+        .chars()
+        .take(2000)
+        .map(|c| match c {
+            '\n' | '\t' => c,
+            c if c.is_control() => char::REPLACEMENT_CHARACTER,
+            c => c,
+        })
+        .collect()
+}
+
+/// `future`'s output, or what it panicked with (the panic caught where it was polled).
+async fn unwound<F: Future>(future: F) -> Result<F::Output, String> {
+    let mut future = pin!(future);
+    poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned()))),
+        }
+    })
+    .await
 }
 
 /// A duration in whole milliseconds, saturating.
