@@ -377,6 +377,30 @@ macro_rules! outbox_tests {
                 assert_eq!(seen[1].id(), id.as_str());
             }
 
+            /// Input the database would refuse raw (a NUL in an ordering key aborts the
+            /// transaction on PostgreSQL; a 17 MiB header outgrows MariaDB's packet) is an
+            /// `OutboxError` naming it, before any statement: the transaction goes on.
+            #[tokio::test]
+            async fn bad_input_is_refused_at_stage_and_the_transaction_goes_on() {
+                let Some(pool) = setup(0).await else { return };
+                let mut tx = $begin(&pool).await;
+                let huge = "v".repeat(17 * 1024 * 1024);
+                for (message, says) in [
+                    (Message::json("a", &1).id("nul").ordering_key("k\0"), "control character"),
+                    (Message::json("a", &1).id("big").header("x-big", huge.as_str()), "over the limit"),
+                    (Message::json("a", &1).id("ctl").header("x", "a\0b"), "control character"),
+                ] {
+                    let refused = outbox::stage(&mut tx, message).await.unwrap_err();
+                    match outbox_error(&refused) {
+                        Some(OutboxError::InvalidMessage(problem)) => assert!(problem.contains(says), "{problem}"),
+                        other => panic!("{other:?}: {refused}"),
+                    }
+                }
+                outbox::stage(&mut tx, Message::json("a", &1).id("fine")).await.unwrap();
+                tx.commit().await.unwrap();
+                assert_eq!(staged(&pool).await, 1);
+            }
+
             #[tokio::test]
             async fn outside_a_handler_a_message_needs_an_id_and_an_id_is_staged_once() {
                 let Some(pool) = setup(0).await else { return };
@@ -762,6 +786,51 @@ outbox_tests!(
     begin_mysql,
     positional = true
 );
+
+/// MariaDB: a relay reads its candidates in autocommit, then locks each. A candidate that
+/// another relay failed in between (its next attempt minutes away) is passed over by the
+/// lock, not published at once: the lock sees the latest commit and checks it is due.
+#[tokio::test]
+async fn mysql_a_candidate_failed_meanwhile_is_not_claimed_before_its_backoff() {
+    let Some(pool) = common::mysql(&format!("outbox_due_{}", common::next_id()), 4).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    outbox::stage(&mut tx, Message::json("m", &1).id("m").ordering_key("k"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // Relay B's candidates: the message is due.
+    let sql = idem::Dialect::MySql.outbox();
+    let candidates: Vec<i64> = sqlx::query_scalar(common::placed(
+        true,
+        Box::leak(sql.claim.clone().into_boxed_str()),
+    ))
+    .bind(10i64)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(candidates.len(), 1);
+    // Relay A claims it meanwhile and fails it: due again in ten minutes.
+    let recorder = Recorder::default();
+    recorder.fail("k", true);
+    let relay = Relay::new(pool.clone(), recorder)
+        .backoff(Duration::from_secs(600), Duration::from_secs(600));
+    assert_eq!(relay.run_once().await.unwrap().failed, 1);
+    // Relay B locks its candidate now: passed over.
+    let mut tx = pool.begin().await.unwrap();
+    let locked = sqlx::query(common::placed(
+        true,
+        Box::leak(sql.lock(1).into_boxed_str()),
+    ))
+    .bind(candidates[0])
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert!(locked.is_empty(), "a message in its backoff was claimed");
+    tx.rollback().await.unwrap();
+}
 
 /// A batch over what one statement may carry is refused when the relay is built.
 #[tokio::test]

@@ -59,14 +59,16 @@ const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
 /// key: [`LOCK_ONE_MYSQL`]).
 pub const CANDIDATES: &str = "SELECT o.seq FROM idem_outbox o WHERE {due} ORDER BY o.seq LIMIT $1";
 
-/// Locks one candidate (`$n` its seq) if it is still pending, passing over it if another
-/// relay holds it. A claim is the `UNION ALL` of one per candidate
+/// Locks one candidate (`$n` its seq) if it is still pending and due (the locking read
+/// sees the latest commit: a candidate another relay has just failed is due later, and is
+/// passed over), passing over it if another relay holds it. A claim is the `UNION ALL` of one per candidate
 /// ([`OutboxSql::lock`]): InnoDB locks a row found by an equality on the primary key
 /// alone, while a locking read of a range or an `IN` list (under its default REPEATABLE
 /// READ) also locks the gaps it scanned, and every INSERT of a new message would wait for
 /// the relay's batch to be published and committed.
 pub const LOCK_ONE_MYSQL: &str = "(SELECT {claimed} FROM idem_outbox o \
-    WHERE o.seq = $n AND o.published_at IS NULL AND o.dead_at IS NULL FOR UPDATE SKIP LOCKED)";
+    WHERE o.seq = $n AND o.published_at IS NULL AND o.dead_at IS NULL \
+    AND o.next_attempt_at <= {now} FOR UPDATE SKIP LOCKED)";
 
 /// Claims at most `$1` due heads, oldest first, locking them until the relay's transaction
 /// ends and passing over those another relay holds (PostgreSQL; only the outer rows are

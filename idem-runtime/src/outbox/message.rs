@@ -12,6 +12,11 @@ pub const MAX_PAYLOAD_LEN: usize = 8 * 1024 * 1024;
 /// The longest id, destination, routing key or header name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
+/// The most a message's headers may take together, names and values, in bytes (64 KiB: a
+/// header is metadata; NATS and RabbitMQ frame them with the payload, and a table row on
+/// MariaDB must fit `max_allowed_packet`).
+pub const MAX_HEADERS_LEN: usize = 64 * 1024;
+
 /// Where a message goes: a subject (NATS), or an exchange and a routing key (AMQP).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
@@ -132,14 +137,16 @@ impl Message {
     }
 
     /// Adds a header (NATS headers, AMQP headers). Names are visible ASCII without `:`, at
-    /// most 255 bytes; values hold no line break. `Nats-Msg-Id` is the relay's to set.
+    /// most 255 bytes; values hold no line break nor another control character but a tab;
+    /// all the headers together take at most [`MAX_HEADERS_LEN`]. `Nats-Msg-Id` is the
+    /// relay's to set.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Message {
         self.headers.push((name.into(), value.into()));
         self
     }
 
     /// The key whose messages are published in the order they were staged (at most 255
-    /// bytes). By default the handler's: `machine/key` for a transition or a creation,
+    /// bytes, no control character). By default the handler's: `machine/key` for a transition or a creation,
     /// `group/key` for an inbox handler or an HTTP request.
     pub fn ordering_key(mut self, key: impl Into<String>) -> Message {
         self.ordering_key = Some(key.into());
@@ -206,6 +213,19 @@ impl Message {
                 key.len()
             ));
         }
+        if let Some(key) = &self.ordering_key
+            && key.chars().any(char::is_control)
+        {
+            return invalid(format!(
+                "its ordering key {key:?} holds a control character"
+            ));
+        }
+        let headers_len: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        if headers_len > MAX_HEADERS_LEN {
+            return invalid(format!(
+                "its headers take {headers_len} bytes, over the limit of {MAX_HEADERS_LEN}"
+            ));
+        }
         for (name, value) in &self.headers {
             let visible = |c: char| c.is_ascii_graphic() && c != ':';
             if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(visible) {
@@ -220,6 +240,11 @@ impl Message {
             }
             if value.contains(['\r', '\n']) {
                 return invalid(format!("its header {name:?} has a line break in its value"));
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                return invalid(format!(
+                    "its header {name:?} has a control character in its value"
+                ));
             }
         }
         Ok(())
@@ -256,6 +281,22 @@ mod tests {
         );
         assert!(problem(Message::bytes("a", vec![]).header("a b", "v")).contains("header name"));
         assert!(problem(Message::bytes("a", vec![]).header("x", "a\r\nb")).contains("line break"));
+        assert!(
+            problem(Message::bytes("a", vec![]).header("x", "a\0b")).contains("control character")
+        );
+        assert!(
+            problem(Message::bytes("a", vec![]).ordering_key("k\0")).contains("control character")
+        );
+        assert!(
+            problem(Message::bytes("a", vec![]).header("x", "v".repeat(MAX_HEADERS_LEN)))
+                .contains("over the limit")
+        );
+        assert!(
+            Message::bytes("a", vec![])
+                .header("x", "a\tb")
+                .check()
+                .is_ok()
+        );
         assert!(
             problem(Message::bytes("a", vec![]).header("nats-msg-id", "1")).contains("Message::id")
         );

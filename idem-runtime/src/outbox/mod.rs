@@ -33,7 +33,7 @@ mod relay;
 mod stage;
 
 pub use effect::{EffectKey, MAX_ORDERING_KEY_LEN};
-pub use message::{Destination, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
+pub use message::{Destination, MAX_HEADERS_LEN, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
 pub use relay::{
     MAX_BATCH_SIZE, Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed,
 };
