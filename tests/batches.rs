@@ -89,6 +89,7 @@ macro_rules! batch_tests {
                             if payload.ends_with(b"fail") {
                                 return Err(format!("message {n} fails"));
                             }
+                            assert!(!payload.ends_with(b"panic"), "message {n} panics");
                             Ok(n * 10)
                         })
                     })
@@ -250,6 +251,54 @@ macro_rules! batch_tests {
                 assert_eq!(ok(&settled[0]), &Delivery::Conflict);
                 let settled = deliver(&pool, &inbox, &[(key(12), b"12fail".to_vec())]).await;
                 assert!(matches!(settled[0], Err(idem::Error::Handler(_))));
+            }
+
+            /// A handler that panics (not an `Err`) fails its own message: caught, counted,
+            /// parked after the last attempt, and the rest of its batch commits.
+            #[tokio::test]
+            async fn a_panicking_handler_fails_its_message_alone_and_is_parked() {
+                let Some(pool) = setup().await else { return };
+                let inbox = Inbox::new("panics").unwrap().max_attempts(2);
+                let batch: Vec<Message> = (1..=5)
+                    .map(|n| if n == 3 { (key(3), b"3panic".to_vec()) } else { message(n) })
+                    .collect();
+                for attempt in 1..=2i64 {
+                    let settled = deliver(&pool, &inbox, &batch).await;
+                    match (&settled[2], attempt) {
+                        (Err(idem::Error::Panicked(message)), 1) => {
+                            assert_eq!(message, "message 3 panics");
+                        }
+                        (Ok(Delivery::Dead { attempts: 2, last_error: Some(error) }), 2) => {
+                            assert_eq!(error, "the handler panicked: message 3 panics");
+                        }
+                        (other, _) => panic!("attempt {attempt}: {other:?}"),
+                    }
+                    assert_eq!(effects(&pool).await, (4, 4), "attempt {attempt}");
+                }
+                let settled = deliver(&pool, &inbox, &batch).await;
+                assert!(settled.iter().all(acked), "{settled:?}");
+                assert_eq!(inbox.counters().dead, 1);
+
+                // A single delivery's handler that panics: rolled back, answered with
+                // the panic, and the consumer goes on.
+                let single = inbox
+                    .process(&pool, &key(20), b"20", async |tx: &mut sqlx::Transaction<'static, $db>| {
+                        sqlx::query(common::placed(
+                            $positional,
+                            "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'batch', 1)",
+                        ))
+                        .bind(20i64)
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                        if std::hint::black_box(true) {
+                            panic!("a single delivery panics");
+                        }
+                        Ok::<i64, String>(200)
+                    })
+                    .await;
+                assert!(matches!(&single, Err(idem::Error::Panicked(m)) if m == "a single delivery panics"), "{single:?}");
+                assert_eq!(effects(&pool).await, (4, 4), "rolled back");
             }
 
             #[tokio::test]

@@ -511,3 +511,44 @@ async fn run_without_the_macro() {
         .unwrap();
     assert_eq!(effects, 1);
 }
+
+/// A body that panics after its write: the call is rolled back and answered with
+/// `Error::Panicked`, the row still `CREATED`, and the next call applies.
+#[idem::idempotent(machine = Order, key = "order_id", from = "CREATED", to = "PAID")]
+async fn pay_or_panic(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    order_id: i64,
+    panics: bool,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    assert!(!panics, "the payment provider's client panicked");
+    Ok(order_id)
+}
+
+#[tokio::test]
+async fn a_body_that_panics_is_rolled_back_and_answered_with_the_panic() {
+    let pool = common::sqlite_file(&format!("panics-{}", common::next_id()), 2).await;
+    idem::create_results_table::<Order, _>(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES (1, 'CREATED')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    match pay_or_panic(&pool, 1, true).await {
+        Err(Error::Panicked(message)) => {
+            assert_eq!(message, "the payment provider's client panicked")
+        }
+        other => panic!("{other:?}"),
+    }
+    let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 0, "the body's write rolled back");
+    assert_eq!(
+        pay_or_panic(&pool, 1, false).await.unwrap(),
+        Outcome::Applied(1)
+    );
+}

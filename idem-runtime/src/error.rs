@@ -15,6 +15,12 @@ use std::error::Error as StdError;
 pub enum Error<E> {
     /// The handler's body returned this error. The transition was rolled back with it.
     Handler(E),
+    /// The handler's body panicked, with this message: a failed call, rolled back as a
+    /// [`Handler`](Self::Handler) error is, and caught where idem ran the body so that it
+    /// ends neither the consumer's loop nor the rest of a batch. In a batch
+    /// ([`Inbox::batch`](crate::inbox::Inbox::batch)) it is a failed attempt of its message,
+    /// recorded and, after the inbox's last attempt, parked.
+    Panicked(String),
     /// The database failed (connection, constraint, serialization failure, …).
     Database(sqlx::Error),
     /// The transaction kept losing conflicts with concurrent ones (serialization
@@ -186,6 +192,7 @@ impl<E> Error<E> {
     pub fn map_handler<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
         match self {
             Error::Handler(e) => Error::Handler(f(e)),
+            Error::Panicked(message) => Error::Panicked(message),
             Error::Database(e) => Error::Database(e),
             Error::Contention { attempts, last } => Error::Contention { attempts, last },
             Error::Busy { waited } => Error::Busy { waited },
@@ -234,6 +241,9 @@ impl<E: core::fmt::Display> core::fmt::Display for Error<E> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Error::Handler(e) => write!(f, "handler failed, transition rolled back: {e}"),
+            Error::Panicked(message) => {
+                write!(f, "handler panicked, transition rolled back: {message}")
+            }
             Error::Database(e) => write!(f, "database error, transition rolled back: {e}"),
             Error::Contention { attempts, last } => write!(
                 f,
@@ -309,6 +319,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::InvalidColumn { problem, .. } => Some(problem),
             Error::Result(e) => Some(e),
             Error::CorruptRow { .. }
+            | Error::Panicked(_)
             | Error::Busy { .. }
             | Error::InvalidWatermark { .. }
             | Error::LeaseLost { .. }

@@ -130,9 +130,9 @@ pub fn expand(
             let #result = {
                 let #held = #work.held();
                 let #tx: #tx_type = #work.transaction();
-                #held.run(::idem::__private::body::<#output, _>(async move #block)).await
+                #held.run_unwound(::idem::__private::body::<#output, _>(async move #block)).await
             };
-            #work.finish(&#plan, #into_result(#result)).await
+            #work.finish_unwound(&#plan, #result.map(#into_result)).await
         }
     }
 }

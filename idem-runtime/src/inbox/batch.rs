@@ -444,7 +444,10 @@ impl Inbox {
     ///   message's record keeps the attempt, with the error's text: its answer is
     ///   `Err(Error::Handler(e))` (nack), and once the inbox's
     ///   [`max_attempts`](Self::max_attempts) are spent it is parked as
-    ///   [`Delivery::Dead`] (ack) without holding back the rest of its batch.
+    ///   [`Delivery::Dead`] (ack) without holding back the rest of its batch. A handler
+    ///   that panics fails the same way: the panic is caught, its message's attempt
+    ///   recorded (the error's text says it panicked, and with what), its answer
+    ///   `Err(Error::Panicked(message))`, and the rest of the batch commits.
     /// - A conflict lost at the commit (a serialization failure, a Galera certification
     ///   failure) runs the whole batch again, with bounded backoff. Any other failure of
     ///   the batch as a whole (a cut connection, a commit that failed) is the `Err` of this
@@ -550,13 +553,24 @@ impl Inbox {
                 };
                 let held = work.held_as(&labels);
                 let message = &messages[lead.first];
-                let result = held.run(handler(work.transaction(), message)).await;
+                // A handler that panics fails its own message, as one that returns an
+                // error does: caught here, it is rolled back to its savepoint, counted and,
+                // after the last attempt, parked.
+                let result = held.run_unwound(handler(work.transaction(), message)).await;
                 let stored = match result {
-                    Ok(value) => (codec.encode)(&value)
+                    Ok(Ok(value)) => (codec.encode)(&value)
                         .map_err(Error::Result)
                         .and_then(bounded)
                         .map(|json| (value, json)),
-                    Err(e) => Err(Error::Handler(e)),
+                    Ok(Err(e)) => Err(Error::Handler(e)),
+                    Err(panicked) => {
+                        tracing::error!(
+                            key = lead.key.as_str(),
+                            panic = panicked.message(),
+                            "idem: a batch's handler panicked; its message failed this attempt"
+                        );
+                        Err(Error::Panicked(panicked.message().to_owned()))
+                    }
                 };
                 match stored {
                     Ok((value, json)) => {
@@ -581,6 +595,7 @@ impl Inbox {
                         .await?;
                         let text = match &error {
                             Error::Handler(e) => e.to_string(),
+                            Error::Panicked(message) => format!("the handler panicked: {message}"),
                             other => other.to_string(),
                         };
                         let dead = attempts >= self.max_attempts;

@@ -277,8 +277,9 @@ impl Inbox {
         {
             Received::New(mut receipt) => {
                 let held = receipt.work.held();
-                let result = held.run(handler(receipt.transaction())).await;
-                receipt.finish(result).await
+                let result = held.run_unwound(handler(receipt.transaction())).await;
+                let plan = InboxPlan::new(receipt.stage, codec::<Result<T, E>>());
+                receipt.work.finish_unwound(&plan, result).await
             }
             Received::Done(delivery) => Ok(delivery),
         }

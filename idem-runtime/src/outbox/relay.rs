@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
 use crate::work::unit::{Begun, Entered, Entry, Kept, Plan, begin, no_body, stages_only};
+use crate::work::unwind::unwound;
 use idem_sql::outbox::Claim;
 use sqlx::Pool;
 use std::convert::Infallible;
@@ -372,7 +373,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     Ok(published)
                 }
                 Ok(Ok(Err(e))) => Err(e.to_string()),
-                Ok(Err(panicked)) => Err(format!("the publisher panicked: {panicked}")),
+                Ok(Err(panicked)) => Err(format!("the publisher panicked: {}", panicked.message())),
                 Err(_) => Err(format!(
                     "no acknowledgement within {:?}",
                     self.publish_timeout
@@ -770,23 +771,6 @@ fn storable(error: &str) -> String {
             c => c,
         })
         .collect()
-}
-
-/// `future`'s output, or what it panicked with (the panic caught where it was polled).
-async fn unwound<F: Future>(future: F) -> Result<F::Output, String> {
-    let mut future = pin!(future);
-    poll_fn(|cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned()))),
-        }
-    })
-    .await
 }
 
 /// A duration in whole milliseconds, saturating.

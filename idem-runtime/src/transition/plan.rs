@@ -58,8 +58,8 @@ where
     match begin(pool, &plan).await {
         Begun::Run(mut work) => {
             let held = work.held();
-            let result = held.run(body(work.transaction())).await;
-            work.finish(&plan, result).await
+            let result = held.run_unwound(body(work.transaction())).await;
+            work.finish_unwound(&plan, result).await
         }
         Begun::Done(done) => done.map_err(Error::widen),
     }

@@ -9,3 +9,4 @@ pub(crate) mod source;
 pub(crate) mod statement;
 pub(crate) mod stored;
 pub(crate) mod unit;
+pub(crate) mod unwind;

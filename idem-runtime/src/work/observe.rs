@@ -126,6 +126,7 @@ impl core::fmt::Display for Arrow {
 fn error_type<E>(error: &Error<E>) -> &'static str {
     match error {
         Error::Handler(_) => "handler",
+        Error::Panicked(_) => "panicked",
         Error::Database(_) => "database",
         Error::Contention { .. } => "contention",
         Error::Busy { .. } => "busy",

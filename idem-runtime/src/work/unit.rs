@@ -44,6 +44,7 @@ use crate::work::observe::Labels;
 use crate::work::retry::Backoff;
 use crate::work::source::Origin;
 use crate::work::stored::bounded;
+use crate::work::unwind::{Panicked, unwound};
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
 use std::convert::Infallible;
@@ -372,6 +373,12 @@ impl Held {
             .instrument(self.1)
             .await
     }
+
+    /// [`run`](Self::run), with a panic of `body` caught: `Err` with what it panicked with
+    /// (the body is dropped there). End the work with [`Work::finish_unwound`].
+    pub async fn run_unwound<F: Future>(self, body: F) -> Result<F::Output, Panicked> {
+        unwound(self.run(body)).await
+    }
 }
 
 /// Begins a unit of work where `origin` says.
@@ -666,6 +673,28 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         plan.labels()
             .ended(&span, done.as_ref().map(P::outcome_name));
         done
+    }
+
+    /// [`finish`](Self::finish) with the result of [`Held::run_unwound`]: a body that
+    /// panicked is a failed call, rolled back and answered with [`Error::Panicked`].
+    pub async fn finish_unwound<P: Plan<DB>, E>(
+        self,
+        plan: &P,
+        result: Result<Result<P::Value, E>, Panicked>,
+    ) -> Result<P::Reply, Error<E>> {
+        let panicked = match result {
+            Ok(result) => return self.finish(plan, result).await,
+            Err(panicked) => panicked,
+        };
+        tracing::error!(
+            panic = panicked.message(),
+            "idem: a handler panicked; its call was rolled back"
+        );
+        match self.finish(plan, Err::<P::Value, _>(panicked)).await {
+            Ok(reply) => Ok(reply),
+            Err(Error::Handler(Panicked(message))) => Err(Error::Panicked(message)),
+            Err(other) => Err(other.map_handler(|_| unreachable!("the handler's error is above"))),
+        }
     }
 
     async fn store_and_commit<P: Plan<DB>, E>(
