@@ -743,6 +743,82 @@ async fn mysql_the_sessions_own_lock_wait_timeout_is_put_back() {
     assert_eq!(session, 7, "the session's own lock wait timeout is back");
 }
 
+/// PostgreSQL: the inbox's `lock_timeout` bounds idem's own statements; the handler's run
+/// with the session's own setting (here 300ms, set by the pool's `after_connect`, as
+/// pgbouncer's `connect_query` would set it), under `receive`, `process` and `batch` alike —
+/// not the server's default.
+#[tokio::test]
+async fn postgres_the_handler_runs_with_the_sessions_own_lock_timeout() {
+    let name = format!("inbox_lt_{}", common::next_id());
+    let Some(made) = common::postgres(&name, 1).await else {
+        return;
+    };
+    made.close().await;
+    let schema = format!("idem_test_{name}");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(move |conn, _| {
+            let set = format!("SET search_path TO {schema}; SET lock_timeout = '300ms'");
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, set.as_str()).await?;
+                Ok(())
+            })
+        })
+        .connect(&common::postgres_url().unwrap())
+        .await
+        .unwrap();
+    idem::migrate(&pool).await.unwrap();
+    let inbox = Inbox::new("billing")
+        .unwrap()
+        .lock_timeout(Duration::from_millis(50));
+    let show = async |tx: &mut sqlx::Transaction<'static, sqlx::Postgres>| {
+        sqlx::query_scalar::<_, String>("SHOW lock_timeout")
+            .fetch_one(&mut **tx)
+            .await
+    };
+    let Received::New(mut receipt) = inbox
+        .receive::<_, String>(&pool, &key("order:1:paid"), b"m")
+        .await
+        .unwrap()
+    else {
+        panic!("first delivery")
+    };
+    let seen = show(receipt.transaction()).await.unwrap();
+    assert_eq!(seen, "300ms", "receive");
+    assert!(
+        receipt
+            .finish(Ok::<_, sqlx::Error>(seen))
+            .await
+            .unwrap()
+            .is_processed()
+    );
+    let processed = inbox
+        .process(&pool, &key("order:2:paid"), b"m", show)
+        .await
+        .unwrap();
+    assert_eq!(
+        processed,
+        Delivery::Processed("300ms".to_owned()),
+        "process"
+    );
+    let messages = [(key("order:3:paid"), b"m".to_vec())];
+    let settled = inbox
+        .batch(&pool, &messages, |tx, _| {
+            Box::pin(async move {
+                sqlx::query_scalar::<_, String>("SHOW lock_timeout")
+                    .fetch_one(&mut **tx)
+                    .await
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        settled[0].as_ref().unwrap(),
+        &Delivery::Processed("300ms".to_owned()),
+        "batch"
+    );
+}
+
 /// A binary column holding bytes that are not UTF-8 (here the inbox's `result`, made a
 /// `LONGBLOB` by hand) is a decode error naming the column, nothing changed, no panic.
 #[tokio::test]

@@ -292,6 +292,53 @@ async fn a_day_past_the_window_is_dropped_with_its_records_and_its_failures_kept
     assert!(partition_of(&pool, "old", &recent).await.is_some());
 }
 
+/// A record of a day being dropped turns DEAD while the maintenance runs (its last attempt
+/// fails in a transaction that commits while the maintenance waits): it is copied DEAD, as
+/// it is at the drop, not as an earlier look saw it, nor lost with its partition.
+#[tokio::test]
+async fn a_record_turning_dead_during_the_maintenance_is_kept_dead() {
+    let Some(pool) = setup("partition_dead").await else {
+        return;
+    };
+    partitions::partition(&pool).await.unwrap();
+    partitions::maintain(&pool, 3, 1).await.unwrap();
+    let day = today(&pool).await;
+    let inbox = Inbox::new("old").unwrap().max_attempts(2);
+    let failing = dated(2, day - 2);
+    let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap() else {
+        panic!("a first delivery works")
+    };
+    assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+    // Its last attempt's failure, recorded in a transaction still open.
+    let mut last = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE idem_inbox SET status = 'DEAD', attempts = 2, error = 'down again' \
+         WHERE consumer_group = 'old' AND message_key = $1",
+    )
+    .bind(failing.as_str())
+    .execute(&mut *last)
+    .await
+    .unwrap();
+    let maintenance = tokio::spawn({
+        let pool = pool.clone();
+        async move { partitions::maintain(&pool, 1, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    last.commit().await.unwrap();
+    let dropped = maintenance.await.unwrap().unwrap();
+    assert_eq!(dropped.dropped.len(), 2, "{dropped:?}");
+    let kept: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT message_key, status, attempts FROM idem_inbox_failures ORDER BY message_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kept,
+        vec![(failing.as_str().to_owned(), "DEAD".to_owned(), 2)]
+    );
+}
+
 /// Sixteen tasks deliver 256 dated messages four times each (their days from today to four
 /// days ahead: some land in the future partition first) while the maintenance widens the
 /// window day by day, each time moving the future partition's records into their new

@@ -428,7 +428,15 @@ impl Dialect {
     pub fn set_lock_timeout(self, millis: i64) -> Option<String> {
         match self {
             // SET takes no parameters; the value is an integer.
-            Dialect::Postgres => Some(format!("SET LOCAL lock_timeout = '{}ms'", millis.max(1))),
+            // Transaction-local, with the value in force before it (the session's own, from
+            // its options, an `after_connect` or a pooler's `connect_query`) kept in the
+            // transaction-local `idem.lock_timeout` for `reset_lock_timeout`. The FROM item
+            // is read first.
+            Dialect::Postgres => Some(format!(
+                "SELECT set_config('lock_timeout', '{}ms', true) FROM \
+                 (SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true)) AS kept",
+                millis.max(1)
+            )),
             // InnoDB counts whole seconds, and has no transaction-local setting: the
             // session's own value is kept in a user variable and put back by
             // `reset_lock_timeout`.
@@ -449,11 +457,14 @@ impl Dialect {
     }
 
     /// The statement that puts the lock timeout back to the session's own, after
-    /// [`set_lock_timeout`](Self::set_lock_timeout) (on MySQL the session's value before it,
-    /// not the global default).
+    /// [`set_lock_timeout`](Self::set_lock_timeout): the value in force before it, never
+    /// the server's default (`SET LOCAL lock_timeout = DEFAULT` would drop a session's
+    /// setting for the rest of the transaction).
     pub fn reset_lock_timeout(self) -> Option<&'static str> {
         match self {
-            Dialect::Postgres => Some("SET LOCAL lock_timeout = DEFAULT"),
+            Dialect::Postgres => Some(
+                "SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)",
+            ),
             Dialect::MySql => {
                 Some("SET SESSION innodb_lock_wait_timeout = @idem_lock_wait_timeout")
             }
@@ -486,7 +497,10 @@ mod tests {
         );
         assert_eq!(
             Dialect::Postgres.set_lock_timeout(0).as_deref(),
-            Some("SET LOCAL lock_timeout = '1ms'")
+            Some(
+                "SELECT set_config('lock_timeout', '1ms', true) FROM \
+                 (SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true)) AS kept"
+            )
         );
         assert_eq!(Dialect::Sqlite.set_lock_timeout(50), None);
         assert!(Dialect::Sqlite.inbox_locking_select().is_none());

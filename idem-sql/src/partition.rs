@@ -120,6 +120,26 @@ pub fn postgres_keep_failures(name: &str) -> String {
     )
 }
 
+/// PostgreSQL: the failed and dead records of the day partition `name` as they are when it
+/// is dropped, in the dropping transaction: its writers held off first (`SHARE` on that
+/// partition alone: a delivery's update of a record of that old day waits for the drop,
+/// the rest of the inbox goes on), then each copied into `idem_inbox_failures`, or updated
+/// there if an earlier copy holds it as it was before (a FAILED record that turned DEAD).
+pub fn postgres_keep_failures_at_drop(name: &str) -> String {
+    format!(
+        "LOCK TABLE {name} IN SHARE MODE; \
+         INSERT INTO idem_inbox_failures SELECT * FROM {name} \
+         WHERE status IN ('FAILED', 'DEAD') \
+         ON CONFLICT (consumer_group, message_key) DO UPDATE SET \
+         fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status, \
+         attempts = EXCLUDED.attempts, result = EXCLUDED.result, error = EXCLUDED.error, \
+         lease_until = EXCLUDED.lease_until, created_at = EXCLUDED.created_at, \
+         updated_at = EXCLUDED.updated_at \
+         WHERE (idem_inbox_failures.status, idem_inbox_failures.attempts, idem_inbox_failures.updated_at) \
+         IS DISTINCT FROM (EXCLUDED.status, EXCLUDED.attempts, EXCLUDED.updated_at)"
+    )
+}
+
 /// Routes every row of table `name` through `idem_inbox` again (into the partitions that
 /// now hold their keys).
 pub fn postgres_reinsert(name: &str) -> String {

@@ -101,12 +101,14 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 /// Keeps the window of days of a partitioned `idem_inbox` ([`partition`]), by the
 /// database's clock (PostgreSQL first; MariaDB/MySQL below): a partition for every day from `keep_days` days ago to `ahead_days`
 /// days ahead (UTC), the days before dropped with their records (failed and dead ones
-/// copied into `idem_inbox_failures` first). Two transactions: the first copies the
-/// failures of the days to drop while deliveries go on; the second holds the inbox's table
-/// for as long as it runs (creating and dropping tables, and moving the few records a
-/// catch-all partition holds), waits at most 1 s for it (deliveries queue behind a
-/// transaction waiting for the table), and otherwise gives up with the database's
-/// lock-timeout error, to be run again later. Nothing to do, it changes nothing.
+/// copied into `idem_inbox_failures` first). One transaction: it first copies the failures
+/// of the days to drop as they are at the drop (each of those old partitions' writers held
+/// off until its commit, so a record turning DEAD meanwhile is copied DEAD; deliveries to
+/// every other day go on), then holds the inbox's table for as long as it runs (creating
+/// and dropping tables, and moving the few records a catch-all partition holds), waits at
+/// most 1 s for each lock (deliveries queue behind a transaction waiting for the table), and
+/// otherwise gives up with the database's lock-timeout error, to be run again later.
+/// Nothing to do, it changes nothing.
 ///
 /// On MariaDB/MySQL, where DDL is not transactional, the failures are copied first, then
 /// the days past are dropped and the days ahead made with one `ALTER TABLE` each (splitting
@@ -124,20 +126,10 @@ pub async fn maintain<DB: Backend>(
     if partitioned_dialect::<DB>(pool)? == Dialect::MySql {
         return mysql::maintain(pool, keep_days, ahead_days).await;
     }
-    // First, without holding the inbox's table: the failures of the days about to go are
-    // copied, each day read once, while deliveries go on.
-    let (mut tx, _writer) = begin_write(pool).await?;
-    let plan = Plan::read::<DB>(&mut tx, keep_days, ahead_days).await?;
-    for day in &plan.to_drop {
-        let name = sql::day_partition(&day_of(*day));
-        DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
-    }
-    tx.commit().await?;
-    if plan.nothing_to_do() {
-        return Ok(Maintained::default());
-    }
-    // Then the partitions, in a transaction that holds the table: short.
-    let copied = plan.to_drop;
+    // One transaction. First, before it holds the inbox's table, the failures of the days
+    // to drop are copied as they are at the drop, each of those partitions' writers held
+    // off until the commit (a record turning DEAD meanwhile is copied as DEAD), while
+    // deliveries to every other day go on. Then the partitions, holding the table: short.
     let (mut tx, _writer) = begin_write(pool).await?;
     // While it waits for the table, deliveries queue behind it: it waits little.
     DB::execute_script(&mut tx, "SET LOCAL lock_timeout = '1s'").await?;
@@ -154,6 +146,10 @@ pub async fn maintain<DB: Backend>(
         to_drop,
         to_create,
     } = plan;
+    for day in &to_drop {
+        let name = sql::day_partition(&day_of(*day));
+        DB::execute_script(&mut tx, &sql::postgres_keep_failures_at_drop(&name)).await?;
+    }
     // The catch-alls' bounds follow the days: detached, remade around the new days, and
     // their records routed again.
     for catch_all in &catch_alls {
@@ -164,10 +160,6 @@ pub async fn maintain<DB: Backend>(
     let mut done = Maintained::default();
     for day in &to_drop {
         let name = sql::day_partition(&day_of(*day));
-        if !copied.contains(day) {
-            // A day that went past the window since the copy (midnight came in between).
-            DB::execute_script(&mut tx, &sql::postgres_keep_failures(&name)).await?;
-        }
         DB::execute_script(&mut tx, &sql::postgres_drop(&name)).await?;
         done.dropped.push(name);
     }
