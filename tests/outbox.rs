@@ -888,6 +888,59 @@ async fn a_lower_seq_committed_last_is_still_published<DB: idem::Backend>(pool: 
     );
 }
 
+/// One key, two relays, a lower `seq` committed last: while relay A publishes the message
+/// committed first, relay B claims nothing of that key, not even the message with the lower
+/// `seq` that committed meanwhile; it goes once A is done. Per key, one message at a time,
+/// in the order they became claimable (the order of the commits).
+#[tokio::test]
+async fn postgres_a_key_goes_one_message_at_a_time_when_a_lower_seq_commits_late() {
+    let Some(pool) = common::postgres(&format!("outbox_one_{}", common::next_id()), 6).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let mut long = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut long,
+        Message::json("m", &1).id("first-staged").ordering_key("k"),
+    )
+    .await
+    .unwrap();
+    let mut short = pool.begin().await.unwrap();
+    outbox::stage(
+        &mut short,
+        Message::json("m", &2)
+            .id("first-committed")
+            .ordering_key("k"),
+    )
+    .await
+    .unwrap();
+    short.commit().await.unwrap();
+    let (entered, mut publishing) = tokio::sync::mpsc::channel(4);
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let hanging = Relay::new(
+        pool.clone(),
+        Hanging {
+            entered,
+            release: release.clone(),
+        },
+    );
+    let a = tokio::spawn(async move { hanging.run_once().await.unwrap() });
+    publishing.recv().await.unwrap();
+    long.commit().await.unwrap();
+    let recorder = Recorder::default();
+    let b = Relay::new(pool.clone(), recorder.clone());
+    let meanwhile = b.run_once().await.unwrap();
+    assert_eq!(
+        meanwhile.claimed, 0,
+        "a second message of the key went while one was in flight"
+    );
+    release.add_permits(1);
+    assert_eq!(a.await.unwrap().published, 1);
+    assert_eq!(b.run_once().await.unwrap().published, 1);
+    let ids: Vec<String> = recorder.seen().iter().map(|m| m.id().to_owned()).collect();
+    assert_eq!(ids, ["first-staged"]);
+}
+
 #[tokio::test]
 async fn postgres_a_lower_seq_committed_last_is_still_published() {
     let name = format!("outbox_gap_{}", common::next_id());

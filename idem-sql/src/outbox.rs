@@ -72,9 +72,21 @@ pub const LOCK_ONE_MYSQL: &str = "(SELECT {claimed} FROM idem_outbox o \
 
 /// Claims at most `$1` due heads, oldest first, locking them until the relay's transaction
 /// ends and passing over those another relay holds (PostgreSQL; only the outer rows are
-/// locked, `OF o`).
+/// locked, `OF o`). Each head also takes its ordering key's transaction-scoped advisory
+/// lock (class [`ADVISORY_CLASS`], the key's `hashtext`), and a key whose lock another
+/// relay holds is passed over: while a relay publishes a message of a key, no other relay
+/// claims another of it — not even one with a lower `seq` whose transaction committed after
+/// the first was claimed (a sequence hands out `seq` at INSERT). Two keys sharing a hash
+/// only wait for each other. The planner may try the lock on a row before it knows the row
+/// is a head: the key is then held back until this relay commits, a delay, never a
+/// message out of order (that key's head is this relay's, not due, or not committed yet).
 pub const CLAIM_LOCKED_POSTGRES: &str = "SELECT {claimed} FROM idem_outbox o WHERE {due} \
+    AND pg_try_advisory_xact_lock(%class%, hashtext(o.ordering_key)) \
     ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
+
+/// The first key of the outbox's advisory locks on PostgreSQL (`pg_try_advisory_xact_lock(int,
+/// int)`): `0x1de3_0b0c`, idem's own, so that they share no lock with an application's.
+pub const ADVISORY_CLASS: i32 = 0x1de3_0b0c;
 
 /// Claims at most `$1` due heads for `$2` milliseconds (SQLite, inside the writer's
 /// `BEGIN IMMEDIATE`, committed before publishing): a head whose claim lives is passed
@@ -201,6 +213,7 @@ impl OutboxSql {
                 .replace("{claimed}", CLAIMED)
                 .replace("{due}", DUE_HEADS)
                 .replace("{now}", now)
+                .replace("%class%", &ADVISORY_CLASS.to_string())
         };
         OutboxSql {
             insert: spell(match dialect {
