@@ -423,6 +423,39 @@ macro_rules! cache_tests {
                 assert_eq!(redis.keys("schemas").await.len(), 4);
             }
 
+            /// A duplicate the database answers (its entry flushed from Redis) writes the
+            /// entry again for the rest of the TTL counted from its record's last change,
+            /// never a fresh TTL: with the retention at the TTL, a purged record is never
+            /// answered from the cache, and its message runs again, as the database says.
+            #[tokio::test]
+            async fn an_entry_written_again_never_outlives_its_record() {
+                let Some(redis) = OwnRedis::start() else { return };
+                let Some(pool) = setup().await else { return };
+                let ttl = Duration::from_secs(2);
+                let cache = fast_path(&redis, "aged").ttl(ttl);
+                cache.attach(&pool).await.unwrap();
+                let inbox = Inbox::new("aging").unwrap();
+                assert_eq!(consume(&pool, &inbox, &message_key(1), b"p1", 1).await.unwrap(), Delivery::Processed(10));
+                written(&cache, 1).await;
+                redis.run("FLUSHALL", &[]).await;
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                assert_eq!(
+                    consume(&pool, &inbox, &message_key(1), b"p1", 1).await.unwrap(),
+                    Delivery::Duplicate { first_result: Some(10) }
+                );
+                assert_eq!(cache.stats().hits, 0, "the database answered");
+                written(&cache, 2).await;
+                // Past the record's retention (= the TTL): purged.
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                assert_eq!(inbox.purge(&pool, ttl, 100).await.unwrap(), 1);
+                assert_eq!(
+                    consume(&pool, &inbox, &message_key(1), b"p1", 1).await.unwrap(),
+                    Delivery::Processed(10),
+                    "the cache answered for a record the database no longer has"
+                );
+                assert_eq!(effects(&pool, "consume").await, [(1, 2)]);
+            }
+
             /// `Inbox::purge` refuses a retention shorter than the cache's entries live.
             #[tokio::test]
             async fn a_purge_shorter_than_the_cache_ttl_is_refused() {

@@ -57,12 +57,12 @@ pub const INSERT_DONE_MYSQL: &str = "INSERT INTO idem_inbox \
 
 /// The record of `$1` group, `$2` key (SQLite: inside `BEGIN IMMEDIATE`, already locked),
 /// with the time its lease is judged by, `now` (`$3`, NULL: the database's).
-pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+pub const SELECT: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, updated_at, \
     COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2";
 
 /// [`SELECT`], locking the row until the transaction ends (PostgreSQL, MySQL).
-pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, updated_at, \
     COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 FOR UPDATE";
 
@@ -70,7 +70,7 @@ pub const SELECT_FOR_UPDATE: &str = "SELECT status, fingerprint, attempts, resul
 /// transaction's snapshot saw it, with a shared lock: several transactions that each lost
 /// the key to it read it at once (an exclusive lock there, after each one's insert already
 /// holds a shared one, would deadlock them).
-pub const SELECT_COMMITTED_MYSQL: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, \
+pub const SELECT_COMMITTED_MYSQL: &str = "SELECT status, fingerprint, attempts, result, error, lease_until, updated_at, \
     COALESCE($3, {now}) AS now \
     FROM idem_inbox WHERE consumer_group = $1 AND message_key = $2 LOCK IN SHARE MODE";
 

@@ -20,8 +20,9 @@ const ENVELOPE: &str = "idem/1\n";
 pub(crate) struct Attached {
     redis: Redis,
     database: [u8; 32],
-    /// The writer task's queue (started on the first write, again if its runtime ended).
-    writer: Mutex<Option<mpsc::Sender<(String, String)>>>,
+    /// The writer task's queue (started on the first write, again if its runtime ended):
+    /// key, value, and the entry's life in milliseconds.
+    writer: Mutex<Option<mpsc::Sender<Write>>>,
 }
 
 impl Attached {
@@ -105,15 +106,26 @@ impl Attached {
     }
 
     /// Queues `value` under `key` for the writer task, which writes what is queued in one
-    /// pipeline (`SET … PX ttl` each), within the write timeout; counted. Skipped (and
-    /// counted) while the breaker is open, outside a Tokio runtime, or when the queue is
-    /// full: the call never waits for a write.
-    pub(crate) fn put(&self, key: String, value: String) {
+    /// pipeline (`SET … PX life` each), within the write timeout; counted. The entry lives
+    /// the TTL less `age` (how old its record already is, by the database's clock); nothing
+    /// is written for a record as old as the TTL. Skipped (and counted) while the breaker is
+    /// open, outside a Tokio runtime, or when the queue is full: the call never waits for a
+    /// write.
+    pub(crate) fn put(&self, key: String, value: String, age: Duration) {
+        let Some(life) = self
+            .redis
+            .ttl
+            .checked_sub(age)
+            .filter(|life| !life.is_zero())
+        else {
+            return;
+        };
+        let life = u64::try_from(life.as_millis()).unwrap_or(u64::MAX).max(1);
         if !self.redis.circuit().allows() {
             return write_counted(&self.redis, Stat::WriteSkipped, 1);
         }
         let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let mut item = (key, value);
+        let mut item = (key, value, life);
         for _ in 0..2 {
             let sender = match &*writer {
                 Some(sender) => sender.clone(),
@@ -145,21 +157,23 @@ const WRITES_PER_PIPELINE: usize = 256;
 
 /// Starts the writer task of `redis` on the current runtime; its queue, or `None` outside
 /// a runtime. The task ends when its queue's senders are gone.
-fn spawn_writer(redis: Redis) -> Option<mpsc::Sender<(String, String)>> {
+/// A write queued for the writer task: key, value, life in milliseconds.
+type Write = (String, String, u64);
+
+fn spawn_writer(redis: Redis) -> Option<mpsc::Sender<Write>> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let (sender, mut queue) = mpsc::channel::<(String, String)>(QUEUED_WRITES);
+    let (sender, mut queue) = mpsc::channel::<Write>(QUEUED_WRITES);
     runtime.spawn(async move {
-        let ttl = u64::try_from(redis.ttl.as_millis()).unwrap_or(u64::MAX);
         let mut batch = Vec::with_capacity(WRITES_PER_PIPELINE);
         while queue.recv_many(&mut batch, WRITES_PER_PIPELINE).await > 0 {
             let n = batch.len() as u64;
             let mut pipe = redis::pipe();
-            for (key, value) in batch.drain(..) {
+            for (key, value, life) in batch.drain(..) {
                 pipe.cmd("SET")
                     .arg(key)
                     .arg(format!("{ENVELOPE}{value}"))
                     .arg("PX")
-                    .arg(ttl)
+                    .arg(life)
                     .ignore();
             }
             let mut conn = redis.conn.clone();

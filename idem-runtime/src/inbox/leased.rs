@@ -4,7 +4,7 @@
 //! wrote, so all get the unit of work's conflict retry, span and once-only counting.
 
 use super::counters::Counter;
-use super::record::{self, Found};
+use super::record::{self, Ended, Found};
 use super::{Claimed, Delivery, Inbox, Lease, MessageKey};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
@@ -22,6 +22,8 @@ use super::clock::millis;
 pub(crate) struct Claim<T> {
     pub(crate) claimed: Claimed<T>,
     event: Option<Counter>,
+    /// The age of the processed record the claim found (see `Plan::cache_age`).
+    age: Option<Duration>,
 }
 
 /// The claim of a message for a leased attempt.
@@ -35,7 +37,11 @@ pub(crate) struct ClaimPlan<'a, T> {
 impl<T> ClaimPlan<'_, T> {
     fn done(claimed: Claimed<T>, event: Option<Counter>, commit: bool) -> Entered<Claim<T>> {
         Entered::Done {
-            reply: Claim { claimed, event },
+            reply: Claim {
+                claimed,
+                event,
+                age: None,
+            },
             commit,
         }
     }
@@ -52,6 +58,7 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
             Ok(Claim {
                 claimed: Claimed::Done(plan.inbox.in_progress(None)),
                 event: None,
+                age: None,
             })
         };
         self.inbox.lock_timeout.map(|patience| (patience, gave_up))
@@ -94,8 +101,16 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
                 Self::done(Claimed::Done(dead), Some(Counter::Dead), true)
             }
             Step::Ended(ended) => {
+                let age = match &ended {
+                    Ended::Duplicate(_, Some(age)) => u64::try_from(*age).ok(),
+                    _ => None,
+                };
                 let delivery = inbox.ended(self.codec, self.key, ended)?;
-                Self::done(Claimed::Done(delivery), None, false)
+                let mut done = Self::done(Claimed::Done(delivery), None, false);
+                if let Entered::Done { reply, .. } = &mut done {
+                    reply.age = age.map(Duration::from_millis);
+                }
+                done
             }
         })
     }
@@ -136,6 +151,7 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
         Some(Claim {
             claimed: Claimed::Done(Delivery::Duplicate { first_result }),
             event: None,
+            age: None,
         })
     }
 
@@ -146,6 +162,10 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
             }
             Claimed::Work(_) => None,
         }
+    }
+
+    fn cache_age(&self, reply: &Claim<T>) -> Option<Duration> {
+        reply.age
     }
 }
 

@@ -17,6 +17,9 @@ pub(crate) struct Stored {
     pub result: Option<String>,
     pub error: Option<String>,
     pub lease_until: Option<i64>,
+    /// When it last changed (the database's milliseconds), if the read returned it: what
+    /// the age of a cache entry written for it counts from.
+    pub updated_at: Option<i64>,
 }
 
 /// What a delivery finds when its key is already recorded.
@@ -33,8 +36,9 @@ pub(crate) enum Found {
 pub(crate) enum Ended {
     /// Same key, different payload: never applied, never merged.
     Conflict,
-    /// Processed before: replay the first result.
-    Duplicate(Option<String>),
+    /// Processed before: replay the first result. With the record's age in milliseconds at
+    /// the read (the database's clock), when the read returned it.
+    Duplicate(Option<String>, Option<i64>),
     /// Parked after its last attempt.
     Dead {
         attempts: i64,
@@ -65,7 +69,12 @@ pub(crate) fn classify(stored: Stored, fingerprint: &str, now_millis: i64) -> Fo
         return Found::Ended(Ended::Conflict);
     }
     match status.as_str() {
-        SUCCESS => Found::Ended(Ended::Duplicate(stored.result)),
+        SUCCESS => Found::Ended(Ended::Duplicate(
+            stored.result,
+            stored
+                .updated_at
+                .map(|at| now_millis.saturating_sub(at).max(0)),
+        )),
         DEAD => Found::Ended(Ended::Dead {
             attempts: stored.attempts,
             last_error: stored.error,
@@ -99,6 +108,7 @@ mod tests {
             result: Some("7".into()),
             error: Some("boom".into()),
             lease_until,
+            updated_at: Some(0),
         }
     }
 
@@ -116,7 +126,7 @@ mod tests {
     fn statuses_mean_what_they_say() {
         assert_eq!(
             classify(stored(SUCCESS, None), "f1", 0),
-            Found::Ended(Ended::Duplicate(Some("7".into())))
+            Found::Ended(Ended::Duplicate(Some("7".into()), Some(0)))
         );
         assert_eq!(
             classify(stored(DEAD, None), "f1", 0),

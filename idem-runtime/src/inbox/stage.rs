@@ -14,6 +14,7 @@ use crate::work::observe::Labels;
 use crate::work::stored::{Codec, replay};
 use crate::work::unit::{Entered, Entry, GaveUp, Kept, Lost, Plan, Sealed, no_body, stages_only};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 /// The inbox stage: records the delivery under its key in the unit of work's transaction.
@@ -35,6 +36,10 @@ pub struct InboxStage {
     /// The optimistic form: nothing is written before the handler; the record is inserted
     /// with its result just before the commit (see [`InboxStage::at_commit`]).
     at_commit: bool,
+    /// The age in milliseconds (the database's clock) of the processed record this
+    /// delivery found, once it found one: a cache entry written for it lives no longer than
+    /// the rest of the cache's TTL counted from the record's last change. `-1`: none found.
+    found_age: AtomicI64,
 }
 
 /// A delivery recorded in the open transaction, waiting for the handler's result.
@@ -66,6 +71,7 @@ impl InboxStage {
             unblocked: false,
             busy_is_an_error: false,
             at_commit: false,
+            found_age: AtomicI64::new(-1),
         }
     }
 
@@ -100,6 +106,21 @@ impl InboxStage {
             busy_is_an_error: true,
             ..self
         }
+    }
+
+    /// Notes the age of a processed record the delivery found (see `found_age`).
+    pub(crate) fn found(&self, ended: &Ended) {
+        if let Ended::Duplicate(_, Some(age)) = ended {
+            self.found_age.store(*age, Ordering::Relaxed);
+        }
+    }
+
+    /// The age of the processed record this delivery found, if it found one whose age the
+    /// read returned.
+    pub(crate) fn found_age(&self) -> Option<Duration> {
+        u64::try_from(self.found_age.load(Ordering::Relaxed))
+            .ok()
+            .map(Duration::from_millis)
     }
 
     /// The reply of a delivery whose wait for the writer's turn ran out.
@@ -177,7 +198,10 @@ impl InboxStage {
         let took_over = match recorded? {
             Ok(took_over) => took_over,
             Err(None) => return Ok(Err(self.inbox.in_progress(None))),
-            Err(Some(ended)) => return self.inbox.ended(codec, &self.key, ended).map(Err),
+            Err(Some(ended)) => {
+                self.found(&ended);
+                return self.inbox.ended(codec, &self.key, ended).map(Err);
+            }
         };
         reached(FaultPoint::Recorded);
         Ok(Ok(Recorded {
@@ -407,6 +431,7 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     }
 
     fn lost(&self, lost: Lost) -> Result<Delivery<T>, Error<Infallible>> {
+        self.stage.found(&lost.0);
         self.stage.inbox.ended(self.codec, &self.stage.key, lost.0)
     }
 
@@ -437,6 +462,10 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
 
     fn cache_applied(&self, json: &str) -> Option<String> {
         Some(self.stage.cache_value(json))
+    }
+
+    fn cache_age(&self, _: &Delivery<T>) -> Option<Duration> {
+        self.stage.found_age()
     }
 }
 
@@ -703,7 +732,7 @@ impl Inbox {
     ) -> Result<Delivery<T, R>, Error<E>> {
         Ok(match ended {
             Ended::Conflict => Delivery::Conflict,
-            Ended::Duplicate(stored) => Delivery::Duplicate {
+            Ended::Duplicate(stored, _) => Delivery::Duplicate {
                 first_result: replay(codec, stored)?,
             },
             Ended::Dead {
@@ -802,6 +831,7 @@ impl Inbox {
             result: row.take_text("result"),
             error: row.take_text("error"),
             lease_until: row.int("lease_until"),
+            updated_at: row.int("updated_at"),
         };
         Ok((stored, now))
     }

@@ -89,12 +89,15 @@ impl Fast {
     }
 
     /// Writes the first result of a call that committed (or of a duplicate the database
-    /// answered) to the cache, after the commit, on a task of its own.
+    /// answered) to the cache, after the commit, on a task of its own. `age`: how old the
+    /// record it stands for was when the database answered (a duplicate's); the entry then
+    /// lives only the rest of the TTL, never past its record's retention, and none is
+    /// written for a record older than the TTL.
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
-    pub(crate) fn remember(&self, value: Option<String>) {
+    pub(crate) fn remember(&self, value: Option<String>, age: Option<std::time::Duration>) {
         #[cfg(feature = "redis")]
         if let (Some((attached, key)), Some(value)) = (&self.on, value) {
-            attached.put(key.clone(), value);
+            attached.put(key.clone(), value, age.unwrap_or_default());
         }
     }
 

@@ -332,6 +332,15 @@ pub trait Plan<DB: Backend>: Sync {
         let _ = json;
         None
     }
+
+    /// How old the record was when the stages found it, if they found one whose first
+    /// result [`cache_value`](Self::cache_value) writes: the entry then lives the cache's
+    /// TTL counted from the record's last change, not from now, so that it never outlives
+    /// the record's retention. `None`: from now (a record this call just wrote).
+    fn cache_age(&self, reply: &Self::Reply) -> Option<Duration> {
+        let _ = reply;
+        None
+    }
 }
 
 /// A call after its stages: either the body runs now in [`Work::transaction`], or the call
@@ -529,7 +538,7 @@ async fn begin_retrying<'c, DB: Backend, P: Plan<DB>>(
                     Ok(()) => {
                         plan.settled(&reply);
                         if fast.is_on() {
-                            fast.remember(plan.cache_value(&reply));
+                            fast.remember(plan.cache_value(&reply), plan.cache_age(&reply));
                         }
                         return (Begun::Done(Ok(reply)), backoff.attempts());
                     }
@@ -729,7 +738,8 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
                 let reply = plan.lost(lost).map_err(Error::widen)?;
                 plan.settled(&reply);
                 if self.fast.is_on() {
-                    self.fast.remember(plan.cache_value(&reply));
+                    self.fast
+                        .remember(plan.cache_value(&reply), plan.cache_age(&reply));
                 }
                 return Ok(reply);
             }
@@ -737,7 +747,7 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
         reached(FaultPoint::Committed);
         self.kept.committed();
         if self.fast.is_on() {
-            self.fast.remember(plan.cache_applied(&json));
+            self.fast.remember(plan.cache_applied(&json), None);
         }
         Ok(plan.applied(value))
     }
