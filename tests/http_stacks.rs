@@ -1,14 +1,16 @@
 //! The Idempotency-Key layer inside the stacks users build, over real TCP with a real client,
 //! on a SQLite file, PostgreSQL and MariaDB: a router nested under a path with a parameter,
 //! a timeout and a panic handler inside the layer (in the default and the optimistic form,
-//! applied with `.layer` and with a `ServiceBuilder`), the leased form's wait, a principal
-//! function that names no one, safe methods carrying a key, and a form's media type spelled
-//! in another case.
+//! applied with `.layer` and with a `ServiceBuilder`; tower-http's timeout, and tower's under
+//! `HandleErrorLayer`), the leased form's wait, a principal function that names no one, safe
+//! methods carrying a key, and a form's media type spelled in another case.
 
 use crate::common;
 use crate::http_client;
 
+use axum::BoxError;
 use axum::Router;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post as route_post};
@@ -216,6 +218,17 @@ macro_rules! stack_tests {
                         ),
                     )
                     .route(
+                        "/timed-handled",
+                        route_post(debit_then_credit).layer(
+                            ServiceBuilder::new()
+                                .layer(layer("stacks-handled"))
+                                .layer(HandleErrorLayer::new(|_: BoxError| async {
+                                    StatusCode::REQUEST_TIMEOUT
+                                }))
+                                .timeout(TIMEOUT),
+                        ),
+                    )
+                    .route(
                         "/panics",
                         route_post(panics)
                             .layer::<_, Infallible>(CatchPanicLayer::new())
@@ -318,6 +331,13 @@ macro_rules! stack_tests {
             #[tokio::test]
             async fn a_timeout_under_the_layer_in_a_service_builder_rolls_the_handler_back() {
                 a_timed_out_handler_commits_nothing("/timed-builder").await;
+            }
+
+            #[tokio::test]
+            async fn tower_s_timeout_under_handle_error_inside_the_layer_rolls_the_handler_back() {
+                // The handler is dropped first, and only then is the 408 made up: no
+                // response of its own, so nothing of it commits.
+                a_timed_out_handler_commits_nothing("/timed-handled").await;
             }
 
             /// A handler panics after its debit; a layer inside turns the panic into a
