@@ -618,6 +618,59 @@ mod mysql {
         }
     }
 
+    /// A record of the day being dropped turns DEAD in a transaction that commits while
+    /// the maintenance waits for the table: it is copied DEAD (the day's records are swapped
+    /// out of the inbox, then copied), not kept as the FAILED an earlier copy saw.
+    #[tokio::test]
+    async fn a_record_turning_dead_during_the_maintenance_is_kept_dead() {
+        let Some(pool) = setup("partition_my_dead").await else {
+            return;
+        };
+        partitions::partition(&pool).await.unwrap();
+        partitions::maintain(&pool, 3, 1).await.unwrap();
+        let day = today(&pool).await;
+        let inbox = Inbox::new("old").unwrap().max_attempts(2);
+        let failing = dated(2, day - 2);
+        let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap()
+        else {
+            panic!("a first delivery works")
+        };
+        assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+        // A delivery's transaction already writing the inbox (another key): the
+        // maintenance's DDL waits for it, and meanwhile its last attempt fails.
+        let mut last = pool.begin().await.unwrap();
+        sqlx::query("UPDATE idem_inbox SET attempts = attempts WHERE consumer_group = 'other'")
+            .execute(&mut *last)
+            .await
+            .unwrap();
+        let maintenance = tokio::spawn({
+            let pool = pool.clone();
+            async move { partitions::maintain(&pool, 1, 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query(
+            "UPDATE idem_inbox SET status = 'DEAD', attempts = 2, error = 'down again' \
+             WHERE consumer_group = 'old' AND message_key = ?",
+        )
+        .bind(failing.as_str())
+        .execute(&mut *last)
+        .await
+        .unwrap();
+        last.commit().await.unwrap();
+        let dropped = maintenance.await.unwrap().unwrap();
+        assert_eq!(dropped.dropped.len(), 2, "{dropped:?}");
+        let kept: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT CAST(message_key AS CHAR), status, attempts FROM idem_inbox_failures",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            kept,
+            vec![(failing.as_str().to_owned(), "DEAD".to_owned(), 2)]
+        );
+    }
+
     /// Sixteen tasks deliver 128 dated messages four times each, in rounds, while the
     /// maintenance splits the partition of days not made yet, day by day: each applied
     /// once.

@@ -186,6 +186,36 @@ pub const MYSQL_TODAY: &str = "SELECT CAST(DATEDIFF(UTC_DATE(), '1970-01-01') AS
 pub const MYSQL_SET_LOCK_WAIT: &str =
     "SET @idem_lock_wait = @@SESSION.lock_wait_timeout, SESSION lock_wait_timeout = 1";
 
+/// MariaDB/MySQL: a plain table shaped as `idem_inbox` (its columns and keys, not its
+/// partitioning), made afresh, into which a day's partition is exchanged before it is
+/// dropped ([`mysql_exchange`]); one statement each.
+pub const MYSQL_DROPPING_MAKE: [&str; 3] = [
+    "DROP TABLE IF EXISTS idem_inbox_dropping",
+    "CREATE TABLE idem_inbox_dropping LIKE idem_inbox",
+    "ALTER TABLE idem_inbox_dropping REMOVE PARTITIONING",
+];
+
+/// MariaDB/MySQL: the day partition `name`'s records moved out of `idem_inbox` into
+/// `idem_inbox_dropping` at once (a swap of their storage, the partition left empty): from
+/// then on nobody writes to them, and their failures are copied as they were at that moment
+/// ([`MYSQL_KEEP_DROPPED_FAILURES`]). DDL is not transactional there: this is how a record
+/// turning DEAD just before the drop is not lost with it.
+pub fn mysql_exchange(name: &str) -> String {
+    format!("ALTER TABLE idem_inbox EXCHANGE PARTITION {name} WITH TABLE idem_inbox_dropping")
+}
+
+/// MariaDB/MySQL: the failed and dead records of the exchanged day copied into
+/// `idem_inbox_failures`, or updated there if an earlier copy holds them as they were.
+pub const MYSQL_KEEP_DROPPED_FAILURES: &str = "INSERT INTO idem_inbox_failures \
+    SELECT * FROM idem_inbox_dropping WHERE status IN ('FAILED', 'DEAD') \
+    ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status), \
+    attempts = VALUES(attempts), result = VALUES(result), error = VALUES(error), \
+    lease_until = VALUES(lease_until), created_at = VALUES(created_at), \
+    updated_at = VALUES(updated_at)";
+
+/// MariaDB/MySQL: the exchanged day's records, gone.
+pub const MYSQL_DROPPING_DROP: &str = "DROP TABLE IF EXISTS idem_inbox_dropping";
+
 /// MariaDB/MySQL: the session's own metadata-lock wait, back.
 pub const MYSQL_RESET_LOCK_WAIT: &str = "SET SESSION lock_wait_timeout = @idem_lock_wait";
 
@@ -208,16 +238,6 @@ pub fn mysql_split_future(days: &[(String, String)]) -> String {
 /// MariaDB/MySQL: drops partitions `names` of `idem_inbox`, with their records.
 pub fn mysql_drop(names: &[String]) -> String {
     format!("ALTER TABLE idem_inbox DROP PARTITION {}", names.join(", "))
-}
-
-/// MariaDB/MySQL: copies the failed and dead records of partition `name` into
-/// `idem_inbox_failures` (values of idem's own table: `IGNORE` skips only those copied
-/// before).
-pub fn mysql_keep_failures(name: &str) -> String {
-    format!(
-        "INSERT IGNORE INTO idem_inbox_failures SELECT * FROM idem_inbox PARTITION ({name}) \
-         WHERE status IN ('FAILED', 'DEAD')"
-    )
 }
 
 /// A partition bound.

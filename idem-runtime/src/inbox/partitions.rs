@@ -110,10 +110,11 @@ pub async fn partition<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> 
 /// otherwise gives up with the database's lock-timeout error, to be run again later.
 /// Nothing to do, it changes nothing.
 ///
-/// On MariaDB/MySQL, where DDL is not transactional, the failures are copied first, then
-/// the days past are dropped and the days ahead made with one `ALTER TABLE` each (splitting
-/// the partition of days not made yet), each waiting at most 1 s for the table's metadata
-/// lock. Its ranges are contiguous: a message older than the window lands in the oldest
+/// On MariaDB/MySQL, where DDL is not transactional, each day past is first swapped out of
+/// the inbox at once (`EXCHANGE PARTITION` with a plain table shaped like it) and its failures
+/// copied from there, where nobody writes; then the days past are dropped and the days ahead
+/// made with one `ALTER TABLE` each (splitting the partition of days not made yet), each
+/// waiting at most 1 s for the table's metadata lock. Its ranges are contiguous: a message older than the window lands in the oldest
 /// day kept, and goes with it.
 ///
 /// Run it at start-up and daily (with `ahead_days` of at least 1, a missed day changes
@@ -319,7 +320,15 @@ mod mysql {
             ..Maintained::default()
         };
         for name in &done.dropped {
-            DB::execute_script(&mut conn, &sql::mysql_keep_failures(name)).await?;
+            // The day's records swapped out of the inbox at once, then their failures copied
+            // as they were at that moment (DDL is not transactional here: a copy before the
+            // drop would miss a record turning DEAD in between).
+            for make in sql::MYSQL_DROPPING_MAKE {
+                DB::execute_script(&mut conn, make).await?;
+            }
+            bounded::<DB>(&mut conn, &[sql::mysql_exchange(name)]).await?;
+            DB::execute_script(&mut conn, sql::MYSQL_KEEP_DROPPED_FAILURES).await?;
+            DB::execute_script(&mut conn, sql::MYSQL_DROPPING_DROP).await?;
         }
         let mut ddl = Vec::new();
         if !done.dropped.is_empty() {
