@@ -368,36 +368,20 @@ macro_rules! stack_tests {
             #[tokio::test]
             async fn a_repeat_waits_for_the_leased_first_and_gets_its_response() {
                 let Some(s) = start().await else { return };
-                let first = tokio::spawn({
+                let charge = || {
                     let addr = s.addr;
-                    async move {
-                        send(
-                            addr,
-                            "POST",
-                            "/leased",
-                            &[("idempotency-key", b"l-1"), ("x-tenant", b"t")],
-                            "{}",
-                        )
-                        .await
-                    }
-                });
+                    tokio::spawn(async move {
+                        let headers: [(&str, &[u8]); 2] =
+                            [("idempotency-key", b"l-1"), ("x-tenant", b"t")];
+                        send(addr, "POST", "/leased", &headers, "{}").await
+                    })
+                };
+                let first = charge();
                 while s.executions() == 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 // A double click: the repeat arrives while the first still runs.
-                let repeat = tokio::spawn({
-                    let addr = s.addr;
-                    async move {
-                        send(
-                            addr,
-                            "POST",
-                            "/leased",
-                            &[("idempotency-key", b"l-1"), ("x-tenant", b"t")],
-                            "{}",
-                        )
-                        .await
-                    }
-                });
+                let repeat = charge();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 assert!(!repeat.is_finished(), "the repeat waits for the first");
                 s.app.gate.add_permits(1);
