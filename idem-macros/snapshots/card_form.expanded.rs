@@ -80,7 +80,7 @@ Returns [`Outcome::Applied`](::idem::Outcome::Applied) with the body's result, [
             let __idem_held = __idem_work.held();
             let tx: &mut Transaction<'_, Sqlite> = __idem_work.transaction();
             __idem_held
-                .run(
+                .run_unwound(
                     ::idem::__private::body::<
                         Result<Receipt, sqlx::Error>,
                         _,
@@ -98,7 +98,10 @@ Returns [`Outcome::Applied`](::idem::Outcome::Applied) with the body's result, [
                 .await
         };
         __idem_work
-            .finish(&__idem_plan, ::idem::Fallible::into_result(__idem_result))
+            .finish_unwound(
+                &__idem_plan,
+                __idem_result.map(::idem::Fallible::into_result),
+            )
             .await
     }
 }

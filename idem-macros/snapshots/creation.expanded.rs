@@ -87,7 +87,7 @@ Returns [`Creation::Created`](::idem::Creation::Created) with the body's result;
             let __idem_held = __idem_work.held();
             let tx: &mut Transaction<'_, Sqlite> = __idem_work.transaction();
             __idem_held
-                .run(
+                .run_unwound(
                     ::idem::__private::body::<
                         Result<String, sqlx::Error>,
                         _,
@@ -99,7 +99,10 @@ Returns [`Creation::Created`](::idem::Creation::Created) with the body's result;
                 .await
         };
         __idem_work
-            .finish(&__idem_plan, ::idem::Fallible::into_result(__idem_result))
+            .finish_unwound(
+                &__idem_plan,
+                __idem_result.map(::idem::Fallible::into_result),
+            )
             .await
     }
 }

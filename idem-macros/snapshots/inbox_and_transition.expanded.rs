@@ -89,7 +89,7 @@ The delivery is recorded in the inbox `inbox` under the message key `key`, with 
             let __idem_held = __idem_work.held();
             let tx: &mut Transaction<'_, Postgres> = __idem_work.transaction();
             __idem_held
-                .run(
+                .run_unwound(
                     ::idem::__private::body::<
                         Result<(), sqlx::Error>,
                         _,
@@ -101,7 +101,10 @@ The delivery is recorded in the inbox `inbox` under the message key `key`, with 
                 .await
         };
         __idem_work
-            .finish(&__idem_plan, ::idem::Fallible::into_result(__idem_result))
+            .finish_unwound(
+                &__idem_plan,
+                __idem_result.map(::idem::Fallible::into_result),
+            )
             .await
     }
 }

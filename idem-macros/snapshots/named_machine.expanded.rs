@@ -112,7 +112,7 @@ pub async fn ship(
         let __idem_held = __idem_work.held();
         let tx: &mut Transaction<'_, Postgres> = __idem_work.transaction();
         __idem_held
-            .run(
+            .run_unwound(
                 ::idem::__private::body::<
                     Result<(), sqlx::Error>,
                     _,
@@ -123,5 +123,7 @@ pub async fn ship(
             )
             .await
     };
-    __idem_work.finish(&__idem_plan, ::idem::Fallible::into_result(__idem_result)).await
+    __idem_work
+        .finish_unwound(&__idem_plan, __idem_result.map(::idem::Fallible::into_result))
+        .await
 }
