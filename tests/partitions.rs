@@ -671,6 +671,49 @@ mod mysql {
         );
     }
 
+    /// A maintenance that stopped after swapping a day out (its records in
+    /// `idem_inbox_dropping` alone) and before copying its failures: the next one copies
+    /// them before anything else.
+    #[tokio::test]
+    async fn a_day_swapped_out_by_a_stopped_maintenance_keeps_its_failures() {
+        let Some(pool) = setup("partition_my_left").await else {
+            return;
+        };
+        partitions::partition(&pool).await.unwrap();
+        partitions::maintain(&pool, 1, 1).await.unwrap();
+        let day = today(&pool).await;
+        let dead = dated(7, day - 3);
+        for statement in [
+            "CREATE TABLE idem_inbox_dropping LIKE idem_inbox",
+            "ALTER TABLE idem_inbox_dropping REMOVE PARTITIONING",
+        ] {
+            sqlx::query(statement).execute(&pool).await.unwrap();
+        }
+        sqlx::query(
+            "INSERT INTO idem_inbox_dropping (consumer_group, message_key, fingerprint, status, \
+             attempts, error, created_at, updated_at) VALUES ('old', ?, 'f', 'DEAD', 5, 'down', 1, 2)",
+        )
+        .bind(dead.as_str())
+        .execute(&pool)
+        .await
+        .unwrap();
+        partitions::maintain(&pool, 1, 1).await.unwrap();
+        let kept: Vec<(String, String)> =
+            sqlx::query_as("SELECT CAST(message_key AS CHAR), status FROM idem_inbox_failures")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(kept, vec![(dead.as_str().to_owned(), "DEAD".to_owned())]);
+        let left: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.TABLES \
+             WHERE table_schema = DATABASE() AND table_name = 'idem_inbox_dropping'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(left, 0);
+    }
+
     /// Sixteen tasks deliver 128 dated messages four times each, in rounds, while the
     /// maintenance splits the partition of days not made yet, day by day: each applied
     /// once.

@@ -213,6 +213,11 @@ pub const MYSQL_KEEP_DROPPED_FAILURES: &str = "INSERT INTO idem_inbox_failures \
     lease_until = VALUES(lease_until), created_at = VALUES(created_at), \
     updated_at = VALUES(updated_at)";
 
+/// MariaDB/MySQL: whether `idem_inbox_dropping` is there, left by a maintenance that stopped
+/// after its exchange and before its copy (its records are nowhere else): one row, `left`.
+pub const MYSQL_DROPPING_LEFT: &str = "SELECT COUNT(*) AS `left` FROM information_schema.TABLES \
+    WHERE table_schema = DATABASE() AND table_name = 'idem_inbox_dropping'";
+
 /// MariaDB/MySQL: the exchanged day's records, gone.
 pub const MYSQL_DROPPING_DROP: &str = "DROP TABLE IF EXISTS idem_inbox_dropping";
 

@@ -319,6 +319,16 @@ mod mysql {
                 .collect(),
             ..Maintained::default()
         };
+        // A maintenance that stopped between an exchange and its copy left that day's records
+        // in `idem_inbox_dropping` alone: their failures are copied before it is made again.
+        let left = DB::fetch(&mut conn, sql::MYSQL_DROPPING_LEFT, &[])
+            .await?
+            .and_then(|row| row.int("left"))
+            .unwrap_or(0);
+        if left > 0 {
+            DB::execute_script(&mut conn, sql::MYSQL_KEEP_DROPPED_FAILURES).await?;
+            DB::execute_script(&mut conn, sql::MYSQL_DROPPING_DROP).await?;
+        }
         for name in &done.dropped {
             // The day's records swapped out of the inbox at once, then their failures copied
             // as they were at that moment (DDL is not transactional here: a copy before the
