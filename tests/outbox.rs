@@ -915,15 +915,8 @@ async fn postgres_a_key_goes_one_message_at_a_time_when_a_lower_seq_commits_late
     .await
     .unwrap();
     short.commit().await.unwrap();
-    let (entered, mut publishing) = tokio::sync::mpsc::channel(4);
-    let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let hanging = Relay::new(
-        pool.clone(),
-        Hanging {
-            entered,
-            release: release.clone(),
-        },
-    );
+    let (hanging, mut publishing, release) = Hanging::new(4);
+    let hanging = Relay::new(pool.clone(), hanging);
     let a = tokio::spawn(async move { hanging.run_once().await.unwrap() });
     publishing.recv().await.unwrap();
     long.commit().await.unwrap();
@@ -1047,15 +1040,8 @@ async fn staging_does_not_wait(pool: sqlx::MySqlPool) {
         outbox::stage(&mut tx, message).await.unwrap();
     }
     tx.commit().await.unwrap();
-    let (entered, mut publishing) = tokio::sync::mpsc::channel(2);
-    let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let relay = Relay::new(
-        pool.clone(),
-        Hanging {
-            entered,
-            release: release.clone(),
-        },
-    );
+    let (hanging, mut publishing, release) = Hanging::new(2);
+    let relay = Relay::new(pool.clone(), hanging);
     let relaying = tokio::spawn(async move { relay.run_once().await.unwrap() });
     publishing.recv().await.unwrap();
     publishing.recv().await.unwrap();
@@ -1084,6 +1070,26 @@ async fn staging_does_not_wait(pool: sqlx::MySqlPool) {
 struct Hanging {
     entered: tokio::sync::mpsc::Sender<()>,
     release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Hanging {
+    /// A publisher that tells each publish on the receiver (room for `publishes`) and waits
+    /// for a permit of the semaphore.
+    fn new(
+        publishes: usize,
+    ) -> (
+        Hanging,
+        tokio::sync::mpsc::Receiver<()>,
+        Arc<tokio::sync::Semaphore>,
+    ) {
+        let (entered, publishing) = tokio::sync::mpsc::channel(publishes);
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let hanging = Hanging {
+            entered,
+            release: release.clone(),
+        };
+        (hanging, publishing, release)
+    }
 }
 
 impl Publisher for Hanging {

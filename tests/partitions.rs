@@ -15,6 +15,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinSet;
 
+/// A first delivery of `key` claims it and fails: its record FAILED, one attempt made.
+async fn fails_once<DB: idem::Backend>(pool: &sqlx::Pool<DB>, inbox: &Inbox, key: &MessageKey) {
+    let Claimed::Work(lease) = inbox.claim::<_, i64>(pool, key, b"m").await.unwrap() else {
+        panic!("a first delivery works")
+    };
+    assert!(lease.complete(pool, Err::<i64, _>("down")).await.is_err());
+}
+
 async fn setup(name: &str) -> Option<PgPool> {
     let pool = common::postgres(&format!("{name}_{}", common::next_id()), 8).await?;
     prepare(&pool, 4).await;
@@ -242,10 +250,7 @@ async fn a_day_past_the_window_is_dropped_with_its_records_and_its_failures_kept
             .is_processed()
     );
     let failing = dated(2, day - 2);
-    let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap() else {
-        panic!("a first delivery works")
-    };
-    assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+    fails_once(&pool, &inbox, &failing).await;
     let recent = dated(3, day);
     assert!(
         consume(&pool, &inbox, &recent, b"m", 3)
@@ -305,10 +310,7 @@ async fn a_record_turning_dead_during_the_maintenance_is_kept_dead() {
     let day = today(&pool).await;
     let inbox = Inbox::new("old").unwrap().max_attempts(2);
     let failing = dated(2, day - 2);
-    let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap() else {
-        panic!("a first delivery works")
-    };
-    assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+    fails_once(&pool, &inbox, &failing).await;
     // Its last attempt's failure, recorded in a transaction still open.
     let mut last = pool.begin().await.unwrap();
     sqlx::query(
@@ -567,11 +569,7 @@ mod mysql {
                 .is_processed()
         );
         let failing = dated(4, day - 2);
-        let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap()
-        else {
-            panic!("a first delivery works")
-        };
-        assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+        fails_once(&pool, &inbox, &failing).await;
         let dropped = partitions::maintain(&pool, 1, 1).await.unwrap();
         assert_eq!(dropped.dropped.len(), 1, "{dropped:?}");
         assert_eq!(partition_of(&pool, "billing", &old).await, None);
@@ -631,11 +629,7 @@ mod mysql {
         let day = today(&pool).await;
         let inbox = Inbox::new("old").unwrap().max_attempts(2);
         let failing = dated(2, day - 2);
-        let Claimed::Work(lease) = inbox.claim::<_, i64>(&pool, &failing, b"m").await.unwrap()
-        else {
-            panic!("a first delivery works")
-        };
-        assert!(lease.complete(&pool, Err::<i64, _>("down")).await.is_err());
+        fails_once(&pool, &inbox, &failing).await;
         // A delivery's transaction already writing the inbox (another key): the
         // maintenance's DDL waits for it, and meanwhile its last attempt fails.
         let mut last = pool.begin().await.unwrap();

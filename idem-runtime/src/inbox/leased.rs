@@ -4,7 +4,7 @@
 //! wrote, so all get the unit of work's conflict retry, span and once-only counting.
 
 use super::counters::Counter;
-use super::record::{self, Ended, Found};
+use super::record::{self, Found};
 use super::{Claimed, Delivery, Inbox, Lease, MessageKey};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::error::Error;
@@ -101,16 +101,15 @@ impl<DB: Backend, T> Plan<DB> for ClaimPlan<'_, T> {
                 Self::done(Claimed::Done(dead), Some(Counter::Dead), true)
             }
             Step::Ended(ended) => {
-                let age = match &ended {
-                    Ended::Duplicate(_, Some(age)) => u64::try_from(*age).ok(),
-                    _ => None,
-                };
-                let delivery = inbox.ended(self.codec, self.key, ended)?;
-                let mut done = Self::done(Claimed::Done(delivery), None, false);
-                if let Entered::Done { reply, .. } = &mut done {
-                    reply.age = age.map(Duration::from_millis);
+                let age = ended.duplicate_age();
+                Entered::Done {
+                    reply: Claim {
+                        claimed: Claimed::Done(inbox.ended(self.codec, self.key, ended)?),
+                        event: None,
+                        age,
+                    },
+                    commit: false,
                 }
-                done
             }
         })
     }

@@ -50,6 +50,19 @@ pub(crate) enum Ended {
     Corrupt(String),
 }
 
+impl Ended {
+    /// The age of a processed record, when the read returned it: how long a cache entry
+    /// written for it may still live is counted from it.
+    pub(crate) fn duplicate_age(&self) -> Option<std::time::Duration> {
+        match self {
+            Ended::Duplicate(_, Some(age)) => u64::try_from(*age)
+                .ok()
+                .map(std::time::Duration::from_millis),
+            _ => None,
+        }
+    }
+}
+
 /// What a delivery of `fingerprint` finds in `stored`, at the database's `now_millis`.
 ///
 /// A record without a fingerprint or a status (NULL, which only a hand-made or altered

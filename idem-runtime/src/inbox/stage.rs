@@ -110,8 +110,9 @@ impl InboxStage {
 
     /// Notes the age of a processed record the delivery found (see `found_age`).
     pub(crate) fn found(&self, ended: &Ended) {
-        if let Ended::Duplicate(_, Some(age)) = ended {
-            self.found_age.store(*age, Ordering::Relaxed);
+        if let Some(age) = ended.duplicate_age() {
+            let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            self.found_age.store(millis, Ordering::Relaxed);
         }
     }
 
