@@ -496,6 +496,78 @@ macro_rules! outbox_tests {
                 assert_eq!(recorder.per_key()["c"], ["c1"]);
             }
 
+            /// What a dead head holds back is held out of the claims' way (`Backlog::held`):
+            /// the key's pending messages when it dies, and what is staged behind it
+            /// afterwards; a requeue releases them, in order. Messages held behind no dead
+            /// message (what a staging racing a requeue leaves) are released by a running
+            /// relay, and the key goes on.
+            #[tokio::test]
+            async fn a_dead_head_holds_its_key_out_of_the_claims_way_until_requeued() {
+                let Some(pool) = setup(0).await else { return };
+                let stage = async |keys: &[(&str, u32)]| {
+                    let mut tx = $begin(&pool).await;
+                    for (key, i) in keys {
+                        let message = Message::bytes("m", format!("{key}{i}"))
+                            .ordering_key(*key)
+                            .id(format!("{key}{i}"));
+                        outbox::stage(&mut tx, message).await.unwrap();
+                    }
+                    tx.commit().await.unwrap();
+                };
+                stage(&[("p", 0), ("p", 1), ("p", 2), ("b", 0)]).await;
+                let recorder = Recorder::default();
+                recorder.fail("p", true);
+                let relay = Relay::new(pool.clone(), recorder.clone())
+                    .max_attempts(1)
+                    .backoff(Duration::ZERO, Duration::ZERO);
+                let first = relay.run_once().await.unwrap();
+                assert_eq!((first.published, first.dead), (1, 1));
+                let backlog = outbox::backlog(&pool).await.unwrap();
+                assert_eq!((backlog.pending, backlog.dead, backlog.held), (3, 1, 2));
+                // Staged behind the dead head: held at once; another key is not.
+                stage(&[("p", 3), ("b", 1)]).await;
+                let backlog = outbox::backlog(&pool).await.unwrap();
+                assert_eq!((backlog.pending, backlog.dead, backlog.held), (5, 1, 3));
+                assert_eq!(drain(&relay).await, 1);
+                // Unheld behind the dead head: what a staging that read the head before it
+                // died leaves (made here by hand). A running relay holds it.
+                sqlx::query("UPDATE idem_outbox SET dead_at = NULL WHERE id = 'p3'")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(outbox::backlog(&pool).await.unwrap().held, 2);
+                let running = Relay::new(pool.clone(), recorder.clone()).spawn().unwrap();
+                until("p3 held again", async || outbox::backlog(&pool).await.unwrap().held == 3).await;
+                running.stop().await;
+                assert!(!outbox::requeue(&pool, "p1").await.unwrap(), "a held message is not dead");
+                recorder.fail("p", false);
+                assert!(outbox::requeue(&pool, "p0").await.unwrap());
+                assert_eq!(outbox::backlog(&pool).await.unwrap().held, 0);
+                assert_eq!(drain(&relay).await, 4);
+                assert_eq!(recorder.per_key()["p"], ["p0", "p1", "p2", "p3"]);
+                assert_eq!(recorder.per_key()["b"], ["b0", "b1"]);
+
+                // Held behind no dead message: the state a staging leaves when it read its
+                // key's head dead while a requeue released the key (made here by hand).
+                stage(&[("s", 0), ("s", 1)]).await;
+                sqlx::query("UPDATE idem_outbox SET dead_at = 0 WHERE published_at IS NULL")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(outbox::backlog(&pool).await.unwrap().held, 2);
+                assert_eq!(relay.run_once().await.unwrap().claimed, 0, "held, not due");
+                let running = Relay::new(pool.clone(), recorder.clone())
+                    .poll_interval(Duration::from_millis(20))
+                    .spawn()
+                    .unwrap();
+                until("the stranded key released and published", async || {
+                    outbox::backlog(&pool).await.unwrap().pending == 0
+                })
+                .await;
+                running.stop().await;
+                assert_eq!(recorder.per_key()["s"], ["s0", "s1"]);
+            }
+
             #[tokio::test]
             async fn a_creation_stages_with_its_row_and_a_duplicate_or_an_error_stages_nothing() {
                 let Some(pool) = setup(0).await else { return };

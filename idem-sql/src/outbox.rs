@@ -15,6 +15,19 @@
 //! unpublished until its relay marks it, so no other relay claims its successors meanwhile:
 //! on PostgreSQL and MySQL the head is locked (`FOR UPDATE SKIP LOCKED`: other relays pass
 //! over it), on SQLite its `claimed_until` lease is set in the claiming write transaction.
+//!
+//! **A dead message's key is held out of the claim's way.** A claim walks the due messages
+//! in `seq` order; a message behind a dead head is not due (it is not its key's head),
+//! but were it left among the due ones, every claim would walk past all of them before
+//! reaching another key's. So the messages behind a dead head are *held*: `dead_at = 0`
+//! ([`HELD`]), out of the index the claim walks, which only holds `dead_at IS NULL`. The
+//! relay holds a key's pending messages when its head dies ([`HOLD`], in the transaction
+//! that marks it dead); staging holds a message whose key's head is dead or held
+//! ([`HEAD_STATE`]); requeuing or discarding the dead message releases them ([`RELEASE`]).
+//! Holding never decides order (the NOT EXISTS does): a message held by mistake would only
+//! wait, and a relay releases, once a minute, what is held behind no dead message
+//! ([`STRANDED`]: a staging that read a dead head racing its requeue); a message left
+//! unheld behind a dead head only costs the claim one row.
 
 use crate::dialect::Dialect;
 use std::sync::LazyLock;
@@ -22,26 +35,91 @@ use std::sync::LazyLock;
 /// Stages a message; does nothing if a message with its id is in the outbox already.
 /// `$1` id, `$2` ordering key, `$3` destination, `$4` routing key, `$5` payload (bytes),
 /// `$6` headers (a JSON array of `[name, value]` pairs).
+/// Held ([`HELD`]) if its key's head is dead or held ([`HEAD_STATE`], read in the same
+/// statement); `WHERE 1 = 1` keeps SQLite from reading `ON CONFLICT` as a join's.
 pub const INSERT: &str = "INSERT INTO idem_outbox \
-    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now}) \
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at, dead_at) \
+    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, {now}, {held} WHERE 1 = 1 \
     ON CONFLICT (id) DO NOTHING";
 
 /// [`INSERT`] on PostgreSQL, which also notifies the channel `idem_outbox` in the same
 /// transaction (delivered at its COMMIT, never for a rollback): a relay that listens wakes
 /// up at once. Returns `staged`, the rows inserted.
 pub const INSERT_NOTIFYING: &str = "WITH staged AS (INSERT INTO idem_outbox \
-    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now}) \
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at, dead_at) \
+    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, {now}, {held} \
     ON CONFLICT (id) DO NOTHING RETURNING seq) \
     SELECT COUNT(*) AS staged FROM (SELECT pg_notify('idem_outbox', '') FROM staged) AS notified";
 
 /// [`INSERT`] on MySQL, which has no `ON CONFLICT`: a staged id fails with the
 /// duplicate-key error (1062), read as "nothing inserted" (`seq` is generated, so `id` is
-/// the only unique key a row can repeat).
+/// the only unique key a row can repeat). `$7` is `dead_at`: [`HELD`] if its key's head is
+/// dead or held, read before by [`HEAD_STATE`] in a statement of its own (an `INSERT` that
+/// reads its own table takes shared locks under REPEATABLE READ, and would wait for a relay
+/// publishing the key's head).
 pub const INSERT_MYSQL: &str = "INSERT INTO idem_outbox \
-    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now})";
+    (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at, dead_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now}, $7)";
+
+/// What `dead_at` holds for a message held behind its key's dead head: not a time (no
+/// message dies at the epoch), and not dead itself. Dead messages have `dead_at > 0`.
+pub const HELD: i64 = 0;
+
+/// The `dead_at` of the head of key `$1` (its pending message of lowest `seq`): a message
+/// staged behind a head that is dead or held is held. One step along the index of pending
+/// messages, whatever the key's backlog. MySQL's spelling reads nothing in a SERIALIZABLE
+/// session, where every read locks (and would wait for a relay publishing the head).
+pub const HEAD_STATE: &str = "SELECT h.dead_at FROM idem_outbox h \
+    WHERE h.ordering_key = $1 AND h.published_at IS NULL AND NOT ({serializable}) \
+    ORDER BY h.seq LIMIT 1";
+
+/// [`HEAD_STATE`] of `$2` as the staged message's `dead_at` (PostgreSQL, SQLite). Not read
+/// in a SERIALIZABLE transaction on PostgreSQL (its read would take predicate locks on the
+/// index of pending messages, and concurrent stagers would fail each other's commits): a
+/// relay holds what such a staging leaves unheld ([`HOLD`], now and then for each dead
+/// message). The subquery only reads `$2`, so PostgreSQL runs it only if its branch is
+/// reached.
+const HELD_IF_HEAD_IS: &str = "CASE WHEN {serializable} THEN NULL \
+    WHEN (SELECT h.dead_at FROM idem_outbox h \
+    WHERE h.ordering_key = $2 AND h.published_at IS NULL ORDER BY h.seq LIMIT 1) IS NOT NULL \
+    THEN 0 END";
+
+/// Holds the pending messages of key `$1` after its dead head `$2` (its `seq`): in the
+/// transaction that marks it dead, and now and then by a relay, after [`LOCK_DEAD`], for
+/// what a staging left unheld.
+pub const HOLD: &str = "UPDATE idem_outbox SET dead_at = 0 \
+    WHERE ordering_key = $1 AND seq > $2 AND published_at IS NULL AND dead_at IS NULL";
+
+/// Releases the held messages of key `$1`, unless a dead message still holds it back (two
+/// dead messages in one key: a message whose transaction committed after a later one of
+/// its key died). Run after a requeue or discard, and for [`STRANDED`] keys.
+pub const RELEASE: &str = "UPDATE idem_outbox SET dead_at = NULL \
+    WHERE ordering_key = $1 AND published_at IS NULL AND dead_at = 0 \
+    AND NOT EXISTS (SELECT 1 FROM idem_outbox d \
+        WHERE d.ordering_key = $1 AND d.published_at IS NULL AND d.dead_at > 0)";
+
+/// Locks dead message `$1` (its `seq`) if it is still dead, before [`HOLD`] outside the
+/// transaction that killed it: a requeue or discard waits for the hold to commit, and
+/// releases what it held (`FOR UPDATE` is dropped on SQLite, whose writer is alone).
+pub const LOCK_DEAD: &str = "SELECT seq FROM idem_outbox WHERE seq = $1 AND dead_at > 0 FOR UPDATE";
+
+/// The dead messages' keys and `seq`s, at most `$1`, for [`HOLD`].
+pub const DEAD_HEADS: &str = "SELECT ordering_key, seq FROM idem_outbox \
+    WHERE published_at IS NULL AND dead_at > 0 ORDER BY seq LIMIT $1";
+
+/// The ordering key of dead message `$1` (its id), to release its key once it is requeued
+/// or discarded.
+pub const DEAD_KEY: &str = "SELECT ordering_key FROM idem_outbox WHERE id = $1 AND dead_at > 0";
+
+/// At most `$1` keys with held messages and no dead one: held by a staging that read its
+/// key's head dead while the head was being requeued or discarded. A relay releases them
+/// now and then ([`RELEASE`]); read without locking. The dead keys are read once (an
+/// uncorrelated `NOT IN`), not once per held message.
+pub const STRANDED: &str = "SELECT DISTINCT h.ordering_key FROM idem_outbox h \
+    WHERE h.published_at IS NULL AND h.dead_at = 0 \
+    AND h.ordering_key NOT IN (SELECT d.ordering_key FROM idem_outbox d \
+        WHERE d.published_at IS NULL AND d.dead_at > 0) \
+    LIMIT $1";
 
 /// The columns a claim reads, and `now`, the database's time then.
 const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload, headers, \
@@ -118,19 +196,22 @@ pub const FAILED: &str = "UPDATE idem_outbox \
 /// Puts a dead message (`$1` id) back, as new: attempts from 0, due now.
 pub const REQUEUE: &str = "UPDATE idem_outbox \
     SET dead_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = {now}, claimed_until = NULL \
-    WHERE id = $1 AND dead_at IS NOT NULL";
+    WHERE id = $1 AND dead_at > 0";
 
 /// Deletes a dead message (`$1` id): its key's successors go on without it.
-pub const DISCARD: &str = "DELETE FROM idem_outbox WHERE id = $1 AND dead_at IS NOT NULL";
+pub const DISCARD: &str = "DELETE FROM idem_outbox WHERE id = $1 AND dead_at > 0";
 
 /// The dead messages, oldest first, at most `$1`.
 pub const DEAD: &str = "SELECT seq, id, ordering_key, destination, routing_key, attempts, \
     last_error, created_at, dead_at \
-    FROM idem_outbox WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
+    FROM idem_outbox WHERE published_at IS NULL AND dead_at > 0 ORDER BY seq LIMIT $1";
 
-/// How many messages are unpublished (dead ones included), how many of them are dead, and
-/// the age in milliseconds of the oldest unpublished one (NULL for none).
-pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, COUNT(dead_at) AS dead, \
+/// How many messages are unpublished (dead and held ones included), how many of them are
+/// dead, how many are held behind a dead one, and the age in milliseconds of the oldest
+/// unpublished one (NULL for none).
+pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, \
+    COUNT(CASE WHEN dead_at > 0 THEN 1 END) AS dead, \
+    COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
     {now} - MIN(created_at) AS oldest_age \
     FROM idem_outbox WHERE published_at IS NULL";
 
@@ -203,15 +284,37 @@ pub struct OutboxSql {
     pub backlog: String,
     /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
     pub purge: String,
+    /// [`HEAD_STATE`], read before [`insert`](Self::insert) where the insert takes the
+    /// message's `dead_at` as `$7` (MySQL); `None` where the insert reads it itself.
+    pub head_state: Option<String>,
+    /// [`HOLD`].
+    pub hold: String,
+    /// [`LOCK_DEAD`].
+    pub lock_dead: String,
+    /// [`DEAD_HEADS`].
+    pub dead_heads: String,
+    /// [`RELEASE`].
+    pub release: String,
+    /// [`DEAD_KEY`].
+    pub dead_key: String,
+    /// [`STRANDED`].
+    pub stranded: String,
 }
 
 impl OutboxSql {
     fn of(dialect: Dialect) -> OutboxSql {
         let now = dialect.now_millis();
+        let serializable = match dialect {
+            Dialect::Postgres => "current_setting('transaction_isolation') = 'serializable'",
+            Dialect::MySql => "@@tx_isolation = 'SERIALIZABLE'",
+            Dialect::Sqlite => "0 = 1",
+        };
         let spell = |template: &str| {
             template
                 .replace("{claimed}", CLAIMED)
                 .replace("{due}", DUE_HEADS)
+                .replace("{held}", HELD_IF_HEAD_IS)
+                .replace("{serializable}", serializable)
                 .replace("{now}", now)
                 .replace("%class%", &ADVISORY_CLASS.to_string())
         };
@@ -252,6 +355,16 @@ impl OutboxSql {
                 Dialect::Sqlite => PURGE_SQLITE,
                 Dialect::MySql => PURGE_MYSQL,
             }),
+            head_state: (dialect == Dialect::MySql).then(|| spell(HEAD_STATE)),
+            hold: HOLD.to_owned(),
+            lock_dead: match dialect {
+                Dialect::Sqlite => LOCK_DEAD.replace(" FOR UPDATE", ""),
+                Dialect::Postgres | Dialect::MySql => LOCK_DEAD.to_owned(),
+            },
+            dead_heads: DEAD_HEADS.to_owned(),
+            release: RELEASE.to_owned(),
+            dead_key: DEAD_KEY.to_owned(),
+            stranded: STRANDED.to_owned(),
         }
     }
 }

@@ -133,14 +133,17 @@ impl fmt::Display for IncomingKeyError {
 
 impl std::error::Error for IncomingKeyError {}
 
-/// The unpublished messages: how many, how many of them are dead, and how long the oldest
-/// has waited (by the database's clock).
+/// The unpublished messages: how many, how many of them are dead or held behind a dead
+/// one, and how long the oldest has waited (by the database's clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
     /// Messages not published yet, the dead ones included.
     pub pending: u64,
     /// Of those, the dead ones: each holds back the rest of its ordering key.
     pub dead: u64,
+    /// Of those, the ones held back behind a dead message of their ordering key: they go
+    /// on once it is [`requeue`]d or [`discard`]ed.
+    pub held: u64,
     /// The age of the oldest unpublished message; `None` when there is none.
     pub oldest: Option<Duration>,
 }
@@ -159,6 +162,7 @@ pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Erro
     Ok(Backlog {
         pending: row.int("pending").map_or(0, |n| n.max(0) as u64),
         dead: row.int("dead").map_or(0, |n| n.max(0) as u64),
+        held: row.int("held").map_or(0, |n| n.max(0) as u64),
         oldest: row
             .int("oldest_age")
             .map(|ms| Duration::from_millis(ms.max(0) as u64)),
@@ -215,23 +219,26 @@ pub async fn dead<DB: Backend>(
 }
 
 /// Sends a dead message again, as new (its attempts from 0, due now): `true` if `id` was
-/// dead. Its ordering key goes on once it is published.
+/// dead. Its ordering key goes on once it is published: the messages held behind it are
+/// released in the same transaction ([`Backlog::held`]).
 pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
     let plan = Admin {
         statement: |sql| &sql.requeue,
         params: vec![Param::Text(id)],
         name: "requeued",
+        revives: true,
     };
     stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
 
 /// Deletes a dead message without publishing it: `true` if `id` was dead. Its ordering
-/// key's later messages go on without it.
+/// key's later messages go on without it, released in the same transaction.
 pub async fn discard<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
     let plan = Admin {
         statement: |sql| &sql.discard,
         params: vec![Param::Text(id)],
         name: "discarded",
+        revives: true,
     };
     stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
@@ -253,6 +260,7 @@ pub async fn purge<DB: Backend>(
             statement: |sql| &sql.purge,
             params: vec![Param::Int(retention), Param::Int(batch)],
             name: "purged",
+            revives: false,
         };
         let (deleted, _) = stages_only(pool, &plan).await?;
         total += deleted;
@@ -263,6 +271,100 @@ pub async fn purge<DB: Backend>(
     }
 }
 
+/// Releases what is held behind no dead message (`idem_sql::outbox::STRANDED`: a staging
+/// that read its key's head dead while it was being requeued), at most `keys` keys; how
+/// many messages it released. A spawned relay runs it now and then.
+pub(crate) async fn release_stranded<DB: Backend>(
+    pool: &Pool<DB>,
+    keys: u32,
+) -> Result<u64, Error<Infallible>> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let rows = DB::fetch_all(conn, &sql.stranded, &[Param::Int(i64::from(keys))]).await?;
+    opened.end(true).await?;
+    let mut released = 0;
+    for key in rows
+        .into_iter()
+        .filter_map(|mut row| row.take_text("ordering_key"))
+    {
+        let plan = Admin {
+            statement: |sql| &sql.release,
+            params: vec![Param::Text(&key)],
+            name: "released",
+            revives: false,
+        };
+        released += stages_only(pool, &plan).await?.0;
+    }
+    Ok(released)
+}
+
+/// Holds what a staging left unheld behind the dead messages (one that read its key's
+/// head before it died, or ran under SERIALIZABLE, which does not read it), at most `dead`
+/// of them; how many messages it held. A spawned relay runs it now and then.
+pub(crate) async fn hold_behind_dead<DB: Backend>(
+    pool: &Pool<DB>,
+    dead: u32,
+) -> Result<u64, Error<Infallible>> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let rows = DB::fetch_all(conn, &sql.dead_heads, &[Param::Int(i64::from(dead))]).await?;
+    opened.end(true).await?;
+    let mut held = 0;
+    for mut row in rows {
+        let (Some(key), Some(seq)) = (row.take_text("ordering_key"), row.int("seq")) else {
+            continue;
+        };
+        let plan = Admin {
+            statement: |sql| &sql.hold,
+            params: vec![Param::Text(&key), Param::Int(seq)],
+            name: "held",
+            revives: false,
+        };
+        held += stages_only(pool, &HoldBehind(plan)).await?.0;
+    }
+    Ok(held)
+}
+
+/// [`HOLD`](idem_sql::outbox::HOLD) behind a dead message (`$2`, its `seq`) if it is still
+/// dead, locked first: a requeue waits for the hold, and then releases it.
+struct HoldBehind<'a>(Admin<'a>);
+
+impl<DB: Backend> Plan<DB> for HoldBehind<'_> {
+    type Value = Infallible;
+    type Reply = (u64, &'static str);
+    type Kept = ();
+
+    async fn enter(
+        &self,
+        tx: &mut DB::Connection,
+        entry: Entry,
+    ) -> Result<Entered<(u64, &'static str)>, Error<Infallible>> {
+        let sql = DB::dialect(tx)?.outbox();
+        if DB::fetch(tx, &sql.lock_dead, &self.0.params[1..])
+            .await?
+            .is_none()
+        {
+            return Ok(Entered::Done {
+                reply: (0, self.0.name),
+                commit: true,
+            });
+        }
+        Plan::<DB>::enter(&self.0, tx, entry).await
+    }
+
+    no_body!((u64, &'static str));
+
+    fn labels(&self) -> Labels<'_> {
+        Labels::default()
+    }
+
+    fn outcome_name(reply: &(u64, &'static str)) -> &'static str {
+        reply.1
+    }
+}
+
 /// One statement of the outbox's administration, a unit of work of its own; replies with
 /// the rows it changed.
 struct Admin<'a> {
@@ -270,6 +372,9 @@ struct Admin<'a> {
     params: Vec<Param<'a>>,
     /// Its outcome's name, for the span and the counters.
     name: &'static str,
+    /// Whether it takes a dead message (`$1`, its id) out of the dead: the messages held
+    /// behind it are released in its transaction.
+    revives: bool,
 }
 
 impl<DB: Backend> Plan<DB> for Admin<'_> {
@@ -282,8 +387,20 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         tx: &mut DB::Connection,
         _: Entry,
     ) -> Result<Entered<(u64, &'static str)>, Error<Infallible>> {
-        let statement = (self.statement)(DB::dialect(tx)?.outbox());
-        let changed = DB::execute(tx, statement, &self.params).await?;
+        let sql = DB::dialect(tx)?.outbox();
+        let key = match self.revives {
+            true => match DB::fetch(tx, &sql.dead_key, &self.params[..1]).await? {
+                Some(mut row) => row.take_text("ordering_key"),
+                None => None,
+            },
+            false => None,
+        };
+        let changed = DB::execute(tx, (self.statement)(sql), &self.params).await?;
+        if changed > 0
+            && let Some(key) = &key
+        {
+            DB::execute(tx, &sql.release, &[Param::Text(key)]).await?;
+        }
         Ok(Entered::Done {
             reply: (changed, self.name),
             commit: true,

@@ -399,8 +399,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// Runs the relay until `stop` completes: batch after batch while there is work, then
     /// waiting for a notification (PostgreSQL, with the feature `postgres`) or the poll
-    /// interval; purging published messages past the retention now and then. Database
-    /// errors are logged and waited out, never the end of it.
+    /// interval; once a minute, busy or not, purging published messages past the retention
+    /// and releasing messages held behind no dead message. Database errors are logged and
+    /// waited out, never the end of it.
     pub async fn run(self, stop: impl Future<Output = ()>) {
         let mut stop = pin!(stop);
         let mut wake = Wake::listen(&self.pool, self.notifications).await;
@@ -413,6 +414,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     false
                 }
             };
+            // Once a minute, whether or not the relay is busy.
+            self.housekeeping(&mut last_purge).await;
             if more {
                 // Another relay's stop is no reason to hold this one back: look at `stop`
                 // between batches too.
@@ -421,7 +424,6 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 }
                 continue;
             }
-            self.housekeeping(&mut last_purge).await;
             let waited = first_of(stop.as_mut(), wake.wait(self.poll)).await;
             if waited.is_left() {
                 return;
@@ -429,8 +431,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
-    /// Once a minute at most: the backlog's gauges (feature `metrics`) and a purge past
-    /// the retention.
+    /// Once a minute at most: the backlog's gauges (feature `metrics`), a purge past the
+    /// retention, holding what was staged unheld behind a dead message, and releasing what
+    /// is held behind none.
     async fn housekeeping(&self, last: &mut Option<Instant>) {
         if last.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
             return;
@@ -444,6 +447,24 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             && let Err(e) = super::purge(&self.pool, retention, 1000).await
         {
             tracing::warn!(error = %e, "idem: purging published outbox messages failed");
+        }
+        match super::hold_behind_dead(&self.pool, 100).await {
+            Ok(0) => {}
+            Ok(held) => tracing::info!(
+                held,
+                "idem: held outbox messages staged behind a dead message out of the claims' way"
+            ),
+            Err(e) => tracing::warn!(error = %e, "idem: holding outbox messages failed"),
+        }
+        match super::release_stranded(&self.pool, 100).await {
+            Ok(0) => {}
+            Ok(released) => tracing::info!(
+                released,
+                "idem: released outbox messages held behind no dead message (staged while their key's dead message was requeued or discarded)"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: releasing held outbox messages failed")
+            }
         }
     }
 
@@ -678,10 +699,19 @@ impl<DB: Backend, P: Publisher> Marks<'_, DB, P> {
                 Param::Int(millis(delay)),
                 Param::Int(i64::from(max_attempts)),
             ];
-            D::execute(conn, &sql.failed, &params).await?;
+            let marked = D::execute(conn, &sql.failed, &params).await?;
             relayed.failed += 1;
             if dead {
                 relayed.dead += 1;
+                if marked > 0 {
+                    // Its key's later messages, out of the claims' way until it is requeued
+                    // or discarded (idem_sql::outbox, "held").
+                    let key = [
+                        Param::Text(&claimed.outgoing.ordering_key),
+                        Param::Int(claimed.outgoing.seq),
+                    ];
+                    D::execute(conn, &sql.hold, &key).await?;
+                }
             }
         }
         Ok(relayed)
