@@ -17,6 +17,14 @@
 //!    committed one every 10 ms, through a spawned relay on PostgreSQL woken by NOTIFY,
 //!    against the same relay polling (every 1 s, the default, and every 100 ms).
 //!
+//! 4. **A dead head.** A relay's claim of 100 messages on 100 keys, with an acknowledging
+//!    publisher that does nothing else: on an empty outbox, then behind a dead message with
+//!    `IDEM_BENCH_HELD` (default 400,000) messages of its key staged behind it (held out of
+//!    the claim's way, as idem keeps them), then with those messages released by hand (the
+//!    claim walking past them, as before they were held); on PostgreSQL, MariaDB and SQLite.
+//!    The three states run one after the other (making and unmaking them rewrites every
+//!    row), each `ROUNDS` times.
+//!
 //! Every cell runs its variants `ROUNDS` times in a fresh random order per round; tables show
 //! medians, and the median of the per-round ratios.
 //!
@@ -28,7 +36,7 @@
 //! ```
 //!
 //! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
-//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency`) picks parts; without a URL its parts
+//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency,dead`) picks parts; without a URL its parts
 //! are skipped. The results are in BENCHMARKS.md.
 
 #[path = "support/chart.rs"]
@@ -443,6 +451,104 @@ macro_rules! relay_cost {
     }};
 }
 
+/// Acknowledges every message, and refuses those of the ordering key `poison`.
+#[derive(Clone)]
+struct AckAll;
+
+impl Publisher for AckAll {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        if message.ordering_key() == "poison" {
+            return Err("refused".into());
+        }
+        Ok(Published::Acked)
+    }
+}
+
+/// Stages `count` messages in transactions of 1,000, each its own key unless `key` is
+/// given; returns nothing.
+macro_rules! stage_many {
+    ($pool:expr, $count:expr, $key:expr) => {{
+        let mut left: usize = $count;
+        while left > 0 {
+            let n = left.min(1000);
+            let mut tx = $pool.begin().await.unwrap();
+            for _ in 0..n {
+                let id = format!("dead-bench-{}", unique());
+                let key: Option<&str> = $key;
+                let key = key.map(str::to_owned).unwrap_or_else(|| id.clone());
+                outbox::stage(
+                    &mut tx,
+                    Message::bytes("dead.bench", "x").id(id).ordering_key(key),
+                )
+                .await
+                .unwrap();
+            }
+            tx.commit().await.unwrap();
+            left -= n;
+        }
+    }};
+}
+
+/// Milliseconds of `rounds` claims of 100 messages on 100 keys (one `run_once` each, the
+/// messages staged before each).
+macro_rules! claim_times {
+    ($pool:expr, $relay:expr, $rounds:expr) => {{
+        let mut times = Vec::new();
+        for _ in 0..$rounds {
+            stage_many!($pool, 100, None);
+            let started = Instant::now();
+            let relayed = $relay.run_once().await.unwrap();
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(relayed.published, 100, "{relayed:?}");
+        }
+        times
+    }};
+}
+
+/// One row: a claim's time on an empty outbox, behind a dead head holding `held` messages,
+/// and with those messages not held.
+macro_rules! dead_head_cost {
+    ($name:expr, $pool:expr, $rounds:expr, $held:expr, $analyze:expr) => {{
+        let pool = $pool;
+        // Statistics brought up to date after a bulk change, as autovacuum or InnoDB would
+        // soon.
+        let settle = async || sqlx::raw_sql($analyze).execute(&pool).await.unwrap();
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let relay = Relay::new(pool.clone(), AckAll)
+            .batch_size(100)
+            .max_attempts(1);
+        // A round to warm the caches and the statements, not counted.
+        claim_times!(pool, relay, 1);
+        let empty = claim_times!(pool, relay, $rounds);
+        stage_many!(pool, 1, Some("poison"));
+        assert_eq!(relay.run_once().await.unwrap().dead, 1);
+        stage_many!(pool, $held, Some("poison"));
+        let backlog = outbox::backlog(&pool).await.unwrap();
+        assert_eq!(backlog.held as usize, $held, "{backlog:?}");
+        settle().await;
+        let held = claim_times!(pool, relay, $rounds);
+        sqlx::query("UPDATE idem_outbox SET dead_at = NULL WHERE dead_at = 0")
+            .execute(&pool)
+            .await
+            .unwrap();
+        settle().await;
+        let unheld = claim_times!(pool, relay, $rounds);
+        let (empty, held, unheld) = (median(empty), median(held), median(unheld));
+        format!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+            $name,
+            empty,
+            held,
+            unheld,
+            held / empty,
+            unheld / empty
+        )
+    }};
+}
+
 const CLAIM_PG: &str = "SELECT seq, id, destination, routing_key, payload FROM idem_outbox \
     WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
 /// The loop by hand marks its batch in one statement: on PostgreSQL with the batch's `seq`s
@@ -667,7 +773,7 @@ async fn main() {
     idem::migrate(&sqlite).await.unwrap();
 
     let parts =
-        std::env::var("IDEM_BENCH_PARTS").unwrap_or_else(|_| "staging,relay,latency".into());
+        std::env::var("IDEM_BENCH_PARTS").unwrap_or_else(|_| "staging,relay,latency,dead".into());
     let part = |name: &str| parts.split(',').any(|p| p == name);
     if part("staging") {
         println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
@@ -759,6 +865,50 @@ async fn main() {
                 ms.last().copied().unwrap_or(0.0)
             );
         }
+    }
+    if part("dead") {
+        let held = env_usize("IDEM_BENCH_HELD", 400_000);
+        println!(
+            "\n## Claiming 100 messages behind a dead head holding {held} ({rounds} rounds)\n"
+        );
+        println!(
+            "| database | empty outbox, ms | {held} held, ms | {held} not held, ms | held to empty | not held to empty |"
+        );
+        println!("|---|---|---|---|---|---|");
+        if let Some(pool) = &postgres {
+            println!(
+                "{}",
+                dead_head_cost!(
+                    "PostgreSQL",
+                    pool.clone(),
+                    rounds,
+                    held,
+                    "VACUUM ANALYZE idem_outbox"
+                )
+            );
+        }
+        if let Some(pool) = &mysql {
+            println!(
+                "{}",
+                dead_head_cost!(
+                    "MariaDB",
+                    pool.clone(),
+                    rounds,
+                    held,
+                    "ANALYZE TABLE idem_outbox"
+                )
+            );
+        }
+        println!(
+            "{}",
+            dead_head_cost!(
+                "SQLite (file)",
+                sqlite.clone(),
+                rounds,
+                held,
+                "ANALYZE idem_outbox"
+            )
+        );
     }
     cleanup(&brokers).await;
     for suffix in ["", "-wal", "-shm"] {

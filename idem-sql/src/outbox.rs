@@ -126,10 +126,13 @@ const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload,
     attempts, created_at, {now} AS now";
 
 /// The heads that are due: pending, not dead, their next attempt reached, and no
-/// unpublished message of their key before them.
+/// unpublished message of their key before them. On SQLite both reads name their index
+/// (`INDEXED BY`): with the statistics of `ANALYZE` taken behind a dead head, SQLite would
+/// rather walk the table in `seq` order and look for a predecessor along the primary key,
+/// through every held message (measured: 34× an empty outbox's claim with 20,000 held).
 const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
     AND o.next_attempt_at <= {now} \
-    AND NOT EXISTS (SELECT 1 FROM idem_outbox p \
+    AND NOT EXISTS (SELECT 1 FROM idem_outbox p {indexed_pending} \
         WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL)";
 
 /// The `seq`s of at most `$1` due heads, oldest first, read without locking, in autocommit
@@ -170,7 +173,7 @@ pub const ADVISORY_CLASS: i32 = 0x1de3_0b0c;
 /// `BEGIN IMMEDIATE`, committed before publishing): a head whose claim lives is passed
 /// over, and keeps its key's successors back, until its relay marks it or the claim ends.
 pub const CLAIM_LEASED: &str = "UPDATE idem_outbox SET claimed_until = {now} + $2 \
-    WHERE seq IN (SELECT o.seq FROM idem_outbox o WHERE {due} \
+    WHERE seq IN (SELECT o.seq FROM idem_outbox o {indexed_due} WHERE {due} \
         AND (o.claimed_until IS NULL OR o.claimed_until <= {now}) \
         ORDER BY o.seq LIMIT $1) \
     RETURNING {claimed}";
@@ -309,11 +312,17 @@ impl OutboxSql {
             Dialect::MySql => "@@tx_isolation = 'SERIALIZABLE'",
             Dialect::Sqlite => "0 = 1",
         };
+        let indexed = |index: &str| match dialect {
+            Dialect::Sqlite => format!("INDEXED BY {index}"),
+            Dialect::Postgres | Dialect::MySql => String::new(),
+        };
         let spell = |template: &str| {
             template
                 .replace("{claimed}", CLAIMED)
                 .replace("{due}", DUE_HEADS)
                 .replace("{held}", HELD_IF_HEAD_IS)
+                .replace("{indexed_due}", &indexed("idem_outbox_due"))
+                .replace("{indexed_pending}", &indexed("idem_outbox_pending"))
                 .replace("{serializable}", serializable)
                 .replace("{now}", now)
                 .replace("%class%", &ADVISORY_CLASS.to_string())
