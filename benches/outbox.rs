@@ -526,6 +526,8 @@ macro_rules! dead_head_cost {
         stage_many!(pool, 1, Some("poison"));
         assert_eq!(relay.run_once().await.unwrap().dead, 1);
         stage_many!(pool, $held, Some("poison"));
+        // Held by the staging, or on MariaDB before the next claim.
+        relay.run_once().await.unwrap();
         let backlog = outbox::backlog(&pool).await.unwrap();
         assert_eq!(backlog.held as usize, $held, "{backlog:?}");
         settle().await;

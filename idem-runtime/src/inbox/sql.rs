@@ -21,8 +21,8 @@ pub const SQLITE_MIGRATION: &str = concat!(
 /// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
 /// their key columns `VARBINARY`, compared byte for byte, trailing spaces included;
-/// `0003_idem_outbox.sql`: the outbox; `0004_idem_outbox_held.sql`: the index a relay's
-/// candidates follow, which leaves out dead and held messages), in one text.
+/// `0003_idem_outbox.sql`: the outbox; `0004_idem_outbox_held.sql`: the indexes a relay's
+/// candidates and holds follow, which set dead and held messages apart), in one text.
 pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../../migrations/mysql/0001_idem.sql"),
     "\n",
@@ -61,7 +61,7 @@ mod tests {
         for (migration, count) in [
             (POSTGRES_MIGRATION, 8),
             (SQLITE_MIGRATION, 7),
-            (MYSQL_MIGRATION, 6),
+            (MYSQL_MIGRATION, 9),
         ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");

@@ -307,6 +307,12 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             };
             return stages_only(&self.pool, &marks).await;
         }
+        if dialect.outbox().hold_on_claim
+            && let Err(e) = super::hold_behind_dead(&self.pool, 100).await
+        {
+            // Holding only spares the claim a walk; the claim goes on without it.
+            tracing::warn!(error = %e, "idem: holding outbox messages staged behind a dead message failed");
+        }
         let candidates = match dialect.outbox().claim_kind {
             Claim::Candidates => {
                 let seqs = self.candidates(batch).await?;

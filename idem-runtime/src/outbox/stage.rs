@@ -3,7 +3,6 @@
 use super::effect::{self, CallScope};
 use super::{Message, MessageId, OutboxError};
 use crate::backend::{Backend, Param, insert_unless_taken};
-use idem_sql::outbox::HELD;
 use sqlx::Transaction;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -65,7 +64,7 @@ pub(crate) async fn stage_in<DB: Backend>(
         (None, None) => id.as_str(),
     };
     let headers = message.headers_json();
-    let mut params = vec![
+    let params = [
         Param::Text(&id),
         Param::Text(ordering_key),
         Param::Text(&message.destination.name),
@@ -75,13 +74,6 @@ pub(crate) async fn stage_in<DB: Backend>(
     ];
     let dialect = DB::dialect(conn)?;
     let sql = dialect.outbox();
-    if let Some(head_state) = &sql.head_state {
-        // Held behind a dead (or held) head, out of the claims' way; read apart from the
-        // INSERT, which would lock the head (idem_sql::outbox::INSERT_MYSQL).
-        let head = DB::fetch(conn, head_state, &[Param::Text(ordering_key)]).await?;
-        let held = head.is_some_and(|row| row.int("dead_at").is_some());
-        params.push(if held { Param::Int(HELD) } else { Param::Null });
-    }
     if NOTIFY.load(Ordering::Relaxed) && sql.insert_returns_row {
         DB::fetch(conn, &sql.insert, &params).await?;
     } else {
