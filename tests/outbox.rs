@@ -1014,6 +1014,39 @@ async fn postgres_a_key_goes_one_message_at_a_time_when_a_lower_seq_commits_late
     }
 }
 
+/// Two outboxes in two schemas of one PostgreSQL database (advisory locks are the
+/// database's): while a relay of the first publishes a message of key `k`, a relay of the
+/// second publishes its own message of key `k`.
+#[tokio::test]
+async fn postgres_outboxes_in_two_schemas_do_not_hold_back_each_others_keys() {
+    let first = common::postgres(&format!("outbox_schema_a_{}", common::next_id()), 4).await;
+    let second = common::postgres(&format!("outbox_schema_b_{}", common::next_id()), 4).await;
+    let (Some(first), Some(second)) = (first, second) else {
+        return;
+    };
+    for pool in [&first, &second] {
+        idem::migrate(pool).await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        outbox::stage(&mut tx, Message::json("m", &1).id("m").ordering_key("k"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let (hanging, mut publishing, release) = Hanging::new(4);
+    let hanging = Relay::new(first.clone(), hanging);
+    let a = tokio::spawn(async move { hanging.run_once().await.unwrap() });
+    publishing.recv().await.unwrap();
+    let recorder = Recorder::default();
+    let b = Relay::new(second.clone(), recorder.clone());
+    assert_eq!(
+        b.run_once().await.unwrap().published,
+        1,
+        "a relay of another schema held the key back"
+    );
+    release.add_permits(1);
+    assert_eq!(a.await.unwrap().published, 1);
+}
+
 #[tokio::test]
 async fn mysql_a_key_goes_one_message_at_a_time_when_a_lower_seq_commits_late() {
     let name = format!("outbox_one_{}", common::next_id());

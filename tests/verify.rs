@@ -381,6 +381,33 @@ async fn outdated_mysql_key_columns_are_reported_until_migrated() {
     assert!(report.is_ok(), "{report}");
 }
 
+/// An outbox without the relays' lock rows of the fourth migration (MySQL) is outdated: no
+/// relay could claim from it.
+#[tokio::test]
+async fn an_outbox_without_its_lock_rows_is_reported_until_migrated() {
+    let Some(pool) = common::mysql(&format!("verify_locks_{}", common::next_id()), 2).await else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    sqlx::query("DROP TABLE idem_outbox_locks")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    assert!(
+        report.to_string().contains("idem's table `idem_outbox` is outdated: its relays' lock rows (`idem_outbox_locks`) and indexes are missing, and no relay can claim; run `idem::migrate` or the migration `0004_idem_outbox_held.sql`"),
+        "{report}"
+    );
+    idem::migrate(&pool).await.unwrap();
+    let report = idem::verify::<Order, _>(&pool).await.unwrap();
+    assert!(report.is_ok(), "{report}");
+    let buckets: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_outbox_locks")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(buckets, i64::from(idem_sql::outbox::MYSQL_KEY_BUCKETS));
+}
+
 /// Through `sqlx::Any` (the examples' pool), on every database.
 #[tokio::test]
 async fn verify_runs_through_any() {

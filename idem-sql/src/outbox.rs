@@ -58,7 +58,7 @@ pub const INSERT_NOTIFYING: &str = "WITH staged AS (INSERT INTO idem_outbox \
 /// table takes shared locks under REPEATABLE READ, and would wait for a relay publishing the
 /// key's head (and a relay would pass over a head that a staging transaction had read), and
 /// a read of its own would cost staging a round trip (measured: a quarter of its
-/// throughput). MySQL's relays hold instead, before each claim ([`OutboxSql::hold_on_claim`]).
+/// throughput). MySQL's relays hold instead, before each claim ([`CANDIDATES`]).
 pub const INSERT_MYSQL: &str = "INSERT INTO idem_outbox \
     (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
     VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now})";
@@ -104,11 +104,13 @@ pub const LOCK_DEAD: &str = "SELECT seq FROM idem_outbox WHERE seq = $1 AND dead
 /// the index of unheld messages per key (`FORCE INDEX`): along the index of pending
 /// messages, InnoDB stepped over every held message of the key (measured: a claim behind
 /// 400,000 held, 76× an empty outbox's).
-pub const DEAD_HEADS: &str = "SELECT d.ordering_key, d.seq FROM idem_outbox d \
-    WHERE d.published_at IS NULL AND d.dead_at > 0 \
-    AND EXISTS (SELECT 1 FROM idem_outbox u {unheld} WHERE u.ordering_key = d.ordering_key \
-        AND u.dead_at IS NULL AND u.seq > d.seq AND u.published_at IS NULL) \
+pub const DEAD_HEADS: &str = "SELECT d.ordering_key, d.seq FROM idem_outbox d WHERE {holding} \
     ORDER BY d.seq LIMIT $1";
+
+/// A dead message `d` with unheld messages of its key behind it ([`DEAD_HEADS`]).
+const HOLDING: &str = "d.published_at IS NULL AND d.dead_at > 0 \
+    AND EXISTS (SELECT 1 FROM idem_outbox u {unheld} WHERE u.ordering_key = d.ordering_key \
+        AND u.dead_at IS NULL AND u.seq > d.seq AND u.published_at IS NULL)";
 
 /// The ordering key of dead message `$1` (its id), to release its key once it is requeued
 /// or discarded.
@@ -129,10 +131,12 @@ const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload,
     attempts, created_at, {now} AS now";
 
 /// The heads that are due: pending, not dead, their next attempt reached, and no
-/// unpublished message of their key before them. On SQLite both reads name their index
-/// (`INDEXED BY`): with the statistics of `ANALYZE` taken behind a dead head, SQLite would
-/// rather walk the table in `seq` order and look for a predecessor along the primary key,
-/// through every held message (measured: 34× an empty outbox's claim with 20,000 held).
+/// unpublished message of their key before them. On SQLite and MySQL both reads name their
+/// index (`INDEXED BY`, `FORCE INDEX`): with the statistics of `ANALYZE` taken behind a dead
+/// head, SQLite would rather walk the table in `seq` order and look for a predecessor along
+/// the primary key, through every held message (measured: 34× an empty outbox's claim with
+/// 20,000 held), and InnoDB walk the held messages along `idem_outbox_published` (11× with
+/// 100,000 held).
 const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
     AND o.next_attempt_at <= {now} \
     AND NOT EXISTS (SELECT 1 FROM idem_outbox p {indexed_pending} \
@@ -140,8 +144,15 @@ const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
 
 /// The `seq`s of at most `$1` due heads, oldest first, read without locking, in autocommit
 /// before the claiming transaction (MySQL, whose claim then locks each one by its primary
-/// key: [`LOCK_ONE_MYSQL`]).
-pub const CANDIDATES: &str = "SELECT o.seq FROM idem_outbox o WHERE {due} ORDER BY o.seq LIMIT $1";
+/// key: [`LOCK_ONE_MYSQL`]); `dead_key` NULL. In the same read, at most 100 dead messages
+/// with unheld messages of their key behind them ([`DEAD_HEADS`]), their `seq`s and keys
+/// (`dead_key`): MySQL's staging does not hold ([`INSERT_MYSQL`]), so its relay holds
+/// ([`HOLD`]) before it claims, without a round trip more (a read of its own cost the relay
+/// a tenth of its throughput).
+pub const CANDIDATES: &str = "(SELECT o.seq, NULL AS dead_key FROM idem_outbox o {indexed_due} \
+        WHERE {due} ORDER BY o.seq LIMIT $1) \
+    UNION ALL (SELECT d.seq, d.ordering_key AS dead_key FROM idem_outbox d WHERE {holding} \
+        ORDER BY d.seq LIMIT 100)";
 
 /// Locks one candidate (`$n` its seq) if it is still pending and due (the locking read
 /// sees the latest commit: a candidate another relay has just failed is due later, and is
@@ -170,7 +181,9 @@ pub const MYSQL_KEY_BUCKETS: u32 = 16_384;
 /// Claims at most `$1` due heads, oldest first, locking them until the relay's transaction
 /// ends and passing over those another relay holds (PostgreSQL; only the outer rows are
 /// locked, `OF o`). Each head also takes its ordering key's transaction-scoped advisory
-/// lock (class [`ADVISORY_CLASS`], the key's `hashtext`), and a key whose lock another
+/// lock (class [`ADVISORY_CLASS`], the `hashtext` of the table's oid and the key: advisory
+/// locks are the database's, and outboxes in two schemas of one database must not hold
+/// back each other's keys), and a key whose lock another
 /// relay holds is passed over: while a relay publishes a message of a key, no other relay
 /// claims another of it — not even one with a lower `seq` whose transaction committed after
 /// the first was claimed (a sequence hands out `seq` at INSERT). Two keys sharing a hash
@@ -178,7 +191,7 @@ pub const MYSQL_KEY_BUCKETS: u32 = 16_384;
 /// is a head: the key is then held back until this relay commits, a delay, never a
 /// message out of order (that key's head is this relay's, not due, or not committed yet).
 pub const CLAIM_LOCKED_POSTGRES: &str = "SELECT {claimed} FROM idem_outbox o WHERE {due} \
-    AND pg_try_advisory_xact_lock(%class%, hashtext(o.ordering_key)) \
+    AND pg_try_advisory_xact_lock(%class%, hashtext(o.tableoid::text || ' ' || o.ordering_key)) \
     ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
 
 /// The first key of the outbox's advisory locks on PostgreSQL (`pg_try_advisory_xact_lock(int,
@@ -303,10 +316,6 @@ pub struct OutboxSql {
     pub backlog: String,
     /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
     pub purge: String,
-    /// Whether a relay holds what was staged behind a dead message before each claim (MySQL,
-    /// whose staging does not: [`INSERT_MYSQL`]), or once a minute (the others, whose
-    /// staging holds; a relay holds what a staging could not).
-    pub hold_on_claim: bool,
     /// [`HOLD`].
     pub hold: String,
     /// [`LOCK_DEAD`].
@@ -332,7 +341,8 @@ impl OutboxSql {
         };
         let indexed = |index: &str| match dialect {
             Dialect::Sqlite => format!("INDEXED BY {index}"),
-            Dialect::Postgres | Dialect::MySql => String::new(),
+            Dialect::MySql => format!("FORCE INDEX ({index})"),
+            Dialect::Postgres => String::new(),
         };
         let unheld = match dialect {
             Dialect::MySql => "FORCE INDEX (idem_outbox_unheld)",
@@ -342,6 +352,7 @@ impl OutboxSql {
             template
                 .replace("{claimed}", CLAIMED)
                 .replace("{due}", DUE_HEADS)
+                .replace("{holding}", HOLDING)
                 .replace("{held}", HELD_IF_HEAD_IS)
                 .replace("{indexed_due}", &indexed("idem_outbox_due"))
                 .replace("{unheld}", unheld)
@@ -388,7 +399,6 @@ impl OutboxSql {
                 Dialect::Sqlite => PURGE_SQLITE,
                 Dialect::MySql => PURGE_MYSQL,
             }),
-            hold_on_claim: dialect == Dialect::MySql,
             hold: spell(HOLD),
             lock_dead: match dialect {
                 Dialect::Sqlite => LOCK_DEAD.replace(" FOR UPDATE", ""),

@@ -56,6 +56,18 @@ pub(crate) fn statements(migration: &str) -> impl Iterator<Item = &str> {
 mod tests {
     use super::*;
 
+    /// The MySQL migration makes as many lock rows as a claim's buckets count.
+    #[test]
+    fn the_lock_rows_are_the_claims_buckets() {
+        let buckets = idem_sql::outbox::MYSQL_KEY_BUCKETS;
+        assert!(MYSQL_MIGRATION.contains(&format!("FROM idem_outbox_locks) < {buckets}")));
+        assert_eq!(
+            buckets,
+            16 * 16 * 16 * 4,
+            "the cross join of four digit tables"
+        );
+    }
+
     #[test]
     fn migrations_split_into_their_statements() {
         for (migration, count) in [

@@ -79,7 +79,7 @@ const SHOWN_STATES: usize = 10;
 ///   needs none), has the columns of this version of idem and, on PostgreSQL, no longer
 ///   the status CHECK constraint of the first migration (`idem::migrate` drops it);
 /// - the outbox table `idem_outbox`, if the database has one, has the columns of this
-///   version of idem;
+///   version of idem, and on MySQL its relays' lock rows `idem_outbox_locks`;
 /// - on MySQL, the key columns of both (results: machine, key, states; inbox: group, key)
 ///   compare byte for byte: a table of the first migration alone compares them under
 ///   `utf8mb4_bin`, which ignores trailing spaces, so `"k"` and `"k "` share one record
@@ -178,6 +178,20 @@ async fn report<M: Machine, DB: Backend>(
     outbox_table
         .check::<DB>(conn, dialect, &mut problems)
         .await?;
+    if dialect == Dialect::MySql
+        && columns::<DB>(conn, dialect, "idem_outbox").await?.is_some()
+        && columns::<DB>(conn, dialect, "idem_outbox_locks")
+            .await?
+            .is_none()
+    {
+        problems.push(SchemaProblem::OutdatedTable {
+            table: "idem_outbox".to_owned(),
+            problem: "its relays' lock rows (`idem_outbox_locks`) and indexes are missing, and \
+                      no relay can claim; run `idem::migrate` or the migration \
+                      `0004_idem_outbox_held.sql`"
+                .to_owned(),
+        });
+    }
     if let Some(sql) = dialect.outdated_inbox() {
         let checked = DB::fetch(conn, sql, &[]).await?;
         if checked.and_then(|r| r.int("n")).unwrap_or(0) > 0 {

@@ -313,18 +313,27 @@ pub(crate) async fn hold_behind_dead<DB: Backend>(
     opened.end(true).await?;
     let mut held = 0;
     for mut row in rows {
-        let (Some(key), Some(seq)) = (row.take_text("ordering_key"), row.int("seq")) else {
-            continue;
-        };
-        let plan = Admin {
-            statement: |sql| &sql.hold,
-            params: vec![Param::Text(&key), Param::Int(seq)],
-            name: "held",
-            revives: false,
-        };
-        held += stages_only(pool, &HoldBehind(plan)).await?.0;
+        if let (Some(key), Some(seq)) = (row.take_text("ordering_key"), row.int("seq")) {
+            held += hold_behind(pool, &key, seq).await?;
+        }
     }
     Ok(held)
+}
+
+/// Holds the unheld messages of `key` behind its dead message `seq`, if it is still dead;
+/// how many.
+pub(crate) async fn hold_behind<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &str,
+    seq: i64,
+) -> Result<u64, Error<Infallible>> {
+    let plan = Admin {
+        statement: |sql| &sql.hold,
+        params: vec![Param::Text(key), Param::Int(seq)],
+        name: "held",
+        revives: false,
+    };
+    Ok(stages_only(pool, &HoldBehind(plan)).await?.0)
 }
 
 /// [`HOLD`](idem_sql::outbox::HOLD) behind a dead message (`$2`, its `seq`) if it is still

@@ -307,12 +307,6 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             };
             return stages_only(&self.pool, &marks).await;
         }
-        if dialect.outbox().hold_on_claim
-            && let Err(e) = super::hold_behind_dead(&self.pool, 100).await
-        {
-            // Holding only spares the claim a walk; the claim goes on without it.
-            tracing::warn!(error = %e, "idem: holding outbox messages staged behind a dead message failed");
-        }
         let candidates = match dialect.outbox().claim_kind {
             Claim::Candidates => {
                 let seqs = self.candidates(batch).await?;
@@ -356,11 +350,28 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// under SERIALIZABLE (and its gap locks would make every staging INSERT wait until
     /// the batch is published); a read in autocommit never locks. The claim then locks each
     /// candidate by its primary key, if it is still pending.
+    ///
+    /// The same read names the dead messages with unheld messages of their key behind them
+    /// (MySQL's staging does not hold): they are held first.
     async fn candidates(&self, batch: i64) -> Result<Vec<i64>, Error<Infallible>> {
         let mut conn = self.pool.acquire().await?;
         let sql = DB::dialect(&conn)?.outbox();
         let rows = DB::fetch_all(&mut conn, &sql.claim, &[Param::Int(batch)]).await?;
-        Ok(rows.iter().filter_map(|row| row.int("seq")).collect())
+        drop(conn);
+        let mut seqs = Vec::with_capacity(rows.len());
+        for mut row in rows {
+            let Some(seq) = row.int("seq") else { continue };
+            match row.take_text("dead_key") {
+                None => seqs.push(seq),
+                Some(key) => {
+                    if let Err(e) = super::hold_behind(&self.pool, &key, seq).await {
+                        // Holding only spares the claims a walk: the claim goes on.
+                        tracing::warn!(error = %e, "idem: holding outbox messages staged behind a dead message failed");
+                    }
+                }
+            }
+        }
+        Ok(seqs)
     }
 
     /// Publishes every claimed message at once (one per ordering key), each within the
