@@ -121,6 +121,15 @@ macro_rules! stack_tests {
                 (StatusCode::CREATED, format!("charged {n}"))
             }
 
+            /// A leased handler that stalls past the timeout when told to.
+            async fn charge_or_stall(State(app): State<App>) -> (StatusCode, String) {
+                let n = app.next();
+                if app.stall_next.swap(false, Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                (StatusCode::CREATED, format!("charged {n}"))
+            }
+
             /// A read: a GET whose answer changes with every call.
             async fn read(State(app): State<App>, mut tx: Tx<$db>) -> Committed<String> {
                 let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
@@ -253,6 +262,12 @@ macro_rules! stack_tests {
                         ),
                     )
                     .route(
+                        "/timed-leased",
+                        route_post(charge_or_stall)
+                            .layer::<_, Infallible>(timeout())
+                            .layer(layer("stacks-timed-leased").leased(Duration::from_secs(30))),
+                    )
+                    .route(
                         "/anonymous",
                         route_post(debit_then_credit).layer(
                             IdempotencyLayer::new(pool.clone(), Inbox::new("stacks-anon").unwrap())
@@ -338,6 +353,27 @@ macro_rules! stack_tests {
                 // The handler is dropped first, and only then is the 408 made up: no
                 // response of its own, so nothing of it commits.
                 a_timed_out_handler_commits_nothing("/timed-handled").await;
+            }
+
+            /// The leased form has no transaction to tell the handler's answer by: a timeout
+            /// inside its layer answering 408 is a failed attempt under the default policy
+            /// (a 408 says "try again"), never the key's answer for good; the retry runs the
+            /// handler again.
+            #[tokio::test]
+            async fn a_timeout_inside_the_leased_layer_is_not_the_keys_answer() {
+                let Some(s) = start().await else { return };
+                s.app.stall_next.store(true, Ordering::SeqCst);
+                let timed_out = s.post_as("/timed-leased", "l-1", "t").await;
+                assert_eq!(timed_out.status, 408, "{timed_out:?}");
+                let retry = s.post_as("/timed-leased", "l-1", "t").await;
+                assert_eq!(
+                    (retry.status, retry.body.as_str(), retry.replayed()),
+                    (201, "charged 2", false),
+                    "{retry:?}"
+                );
+                let replay = s.post_as("/timed-leased", "l-1", "t").await;
+                assert!(replay.replayed(), "{replay:?}");
+                assert_eq!(replay.body, "charged 2");
             }
 
             /// A handler panics after its debit; a layer inside turns the panic into a

@@ -142,7 +142,7 @@ impl<DB: Backend> IdempotencyLayer<DB, ScopeUnset> {
                 replayed_headers: vec![header::CONTENT_TYPE, header::LOCATION],
                 max_request_body: 1024 * 1024,
                 max_stored_body: 256 * 1024,
-                store_if: |status| !status.is_server_error(),
+                store_if: kept_by_default,
                 wait: Duration::ZERO,
                 max_wait: DEFAULT_MAX_WAIT,
                 retention: DEFAULT_RETENTION,
@@ -234,10 +234,13 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     }
 
     /// Which statuses of the responses handlers return through [`Tx::commit`] are stored and
-    /// committed with the handler's writes. By default every status below 500: a 5xx rolls
-    /// the handler's writes back and is not stored, so a retry runs again. `|_| true` keeps
-    /// 5xx too. (A response that does not come through `Tx::commit` is never stored; in the
-    /// [`leased`](Self::leased) mode, which has no `Tx`, the policy alone decides.)
+    /// committed with the handler's writes. By default every status below 500 but 408
+    /// (Request Timeout) and 429 (Too Many Requests), answers that tell the client to try
+    /// again and would, stored, be its key's answer for good: a status not kept rolls the
+    /// handler's writes back and is not stored, so a retry runs again. `|_| true` keeps
+    /// everything. (A response that does not come through `Tx::commit` is never stored; in
+    /// the [`leased`](Self::leased) mode, which has no `Tx`, the policy alone decides, and a
+    /// status it does not keep is a failed attempt.)
     pub fn store_if(mut self, keep: fn(StatusCode) -> bool) -> Self {
         self.config.store_if = keep;
         self
@@ -274,10 +277,12 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     /// gets a 409 whose `Retry-After` is the lease's end however long the handler takes;
     /// once the beats stop (the first request's process died, say) and the lease ends, a
     /// repeat takes the key over and runs the handler again, with the same derived key for
-    /// the outside call. A status the policy does not keep (a 5xx) is recorded as a failed
-    /// attempt: a repeat runs again, and after the inbox's
+    /// the outside call. A status the policy does not keep (a 5xx, a 408, a 429) is recorded
+    /// as a failed attempt: a repeat runs again, and after the inbox's
     /// [`max_attempts`](Inbox::max_attempts) the key is parked (a 500 saying so). Every
-    /// response the policy keeps is stored, an extractor's rejection included.
+    /// response the policy keeps is stored, an extractor's rejection included, and an answer
+    /// a layer inside gives for the handler: keep timeouts outside the layer (a timeout's
+    /// 408 inside is a failed attempt under the default policy, not the key's answer).
     pub fn leased(mut self, lease: Duration) -> Self {
         self.config.inbox = self.config.inbox.clone().lease(lease);
         self.config.leased = true;
@@ -378,6 +383,14 @@ impl<DB: Backend, Scope> IdempotencyLayer<DB, Scope> {
     }
 }
 
+/// The default of [`IdempotencyLayer::store_if`]: every status below 500 but 408 (Request
+/// Timeout) and 429 (Too Many Requests).
+fn kept_by_default(status: StatusCode) -> bool {
+    !status.is_server_error()
+        && status != StatusCode::REQUEST_TIMEOUT
+        && status != StatusCode::TOO_MANY_REQUESTS
+}
+
 impl<DB: Backend, Scope> Clone for IdempotencyLayer<DB, Scope> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
@@ -429,6 +442,27 @@ impl<S, DB: Backend, Scope: KeyScope> tower_layer::Layer<S> for IdempotencyLayer
         IdempotencyService {
             inner,
             config: Arc::new(self.config.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_policy_keeps_no_answer_that_says_try_again() {
+        for kept in [200, 201, 204, 303, 400, 404, 409, 422] {
+            assert!(
+                kept_by_default(StatusCode::from_u16(kept).unwrap()),
+                "{kept}"
+            );
+        }
+        for not_kept in [408, 429, 500, 502, 503, 504] {
+            assert!(
+                !kept_by_default(StatusCode::from_u16(not_kept).unwrap()),
+                "{not_kept}"
+            );
         }
     }
 }

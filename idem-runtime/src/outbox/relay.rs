@@ -416,9 +416,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// Runs the relay until `stop` completes: batch after batch while there is work, then
     /// waiting for a notification (PostgreSQL, with the feature `postgres`) or the poll
-    /// interval; once a minute, busy or not, purging published messages past the retention
-    /// and releasing messages held behind no dead message. Database errors are logged and
-    /// waited out, never the end of it.
+    /// interval; once a minute, busy or not, purging published messages past the retention,
+    /// holding what staging left unheld behind a dead message, and releasing what is held
+    /// behind none. Database errors are logged and waited out, never the end of it.
     pub async fn run(self, stop: impl Future<Output = ()>) {
         let mut stop = pin!(stop);
         let mut wake = Wake::listen(&self.pool, self.notifications).await;
