@@ -40,7 +40,7 @@ pub use relay::{
 pub(crate) use stage::stage_in;
 pub use stage::{set_notify, stage};
 
-use crate::backend::{Backend, Opened, Param};
+use crate::backend::{Backend, Opened, Param, Record};
 use crate::error::Error;
 use crate::work::observe::Labels;
 use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only};
@@ -196,11 +196,7 @@ pub async fn dead<DB: Backend>(
     pool: &Pool<DB>,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, sqlx::Error> {
-    let mut opened = Opened::read(pool).await?;
-    let conn = opened.connection();
-    let sql = DB::dialect(conn)?.outbox();
-    let rows = DB::fetch_all(conn, &sql.dead, &[Param::Int(i64::from(limit))]).await?;
-    opened.end(true).await?;
+    let rows = read(pool, |sql| &sql.dead, limit).await?;
     Ok(rows
         .into_iter()
         .map(|mut row| DeadMessage {
@@ -226,7 +222,7 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Err
         statement: |sql| &sql.requeue,
         params: vec![Param::Text(id)],
         name: "requeued",
-        revives: true,
+        around: Around::Revives,
     };
     stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
@@ -238,7 +234,7 @@ pub async fn discard<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Err
         statement: |sql| &sql.discard,
         params: vec![Param::Text(id)],
         name: "discarded",
-        revives: true,
+        around: Around::Revives,
     };
     stages_only(pool, &plan).await.map(|(n, _)| n > 0)
 }
@@ -260,7 +256,7 @@ pub async fn purge<DB: Backend>(
             statement: |sql| &sql.purge,
             params: vec![Param::Int(retention), Param::Int(batch)],
             name: "purged",
-            revives: false,
+            around: Around::Nothing,
         };
         let (deleted, _) = stages_only(pool, &plan).await?;
         total += deleted;
@@ -278,11 +274,7 @@ pub(crate) async fn release_stranded<DB: Backend>(
     pool: &Pool<DB>,
     keys: u32,
 ) -> Result<u64, Error<Infallible>> {
-    let mut opened = Opened::read(pool).await?;
-    let conn = opened.connection();
-    let sql = DB::dialect(conn)?.outbox();
-    let rows = DB::fetch_all(conn, &sql.stranded, &[Param::Int(i64::from(keys))]).await?;
-    opened.end(true).await?;
+    let rows = read(pool, |sql| &sql.stranded, keys).await?;
     let mut released = 0;
     for key in rows
         .into_iter()
@@ -292,7 +284,7 @@ pub(crate) async fn release_stranded<DB: Backend>(
             statement: |sql| &sql.release,
             params: vec![Param::Text(&key)],
             name: "released",
-            revives: false,
+            around: Around::Nothing,
         };
         released += stages_only(pool, &plan).await?.0;
     }
@@ -306,11 +298,7 @@ pub(crate) async fn hold_behind_dead<DB: Backend>(
     pool: &Pool<DB>,
     dead: u32,
 ) -> Result<u64, Error<Infallible>> {
-    let mut opened = Opened::read(pool).await?;
-    let conn = opened.connection();
-    let sql = DB::dialect(conn)?.outbox();
-    let rows = DB::fetch_all(conn, &sql.dead_heads, &[Param::Int(i64::from(dead))]).await?;
-    opened.end(true).await?;
+    let rows = read(pool, |sql| &sql.dead_heads, dead).await?;
     let mut held = 0;
     for mut row in rows {
         if let (Some(key), Some(seq)) = (row.take_text("ordering_key"), row.int("seq")) {
@@ -331,47 +319,24 @@ pub(crate) async fn hold_behind<DB: Backend>(
         statement: |sql| &sql.hold,
         params: vec![Param::Text(key), Param::Int(seq)],
         name: "held",
-        revives: false,
+        around: Around::HoldsBehindDead,
     };
-    Ok(stages_only(pool, &HoldBehind(plan)).await?.0)
+    Ok(stages_only(pool, &plan).await?.0)
 }
 
-/// [`HOLD`](idem_sql::outbox::HOLD) behind a dead message (`$2`, its `seq`) if it is still
-/// dead, locked first: a requeue waits for the hold, and then releases it.
-struct HoldBehind<'a>(Admin<'a>);
-
-impl<DB: Backend> Plan<DB> for HoldBehind<'_> {
-    type Value = Infallible;
-    type Reply = (u64, &'static str);
-    type Kept = ();
-
-    async fn enter(
-        &self,
-        tx: &mut DB::Connection,
-        entry: Entry,
-    ) -> Result<Entered<(u64, &'static str)>, Error<Infallible>> {
-        let sql = DB::dialect(tx)?.outbox();
-        if DB::fetch(tx, &sql.lock_dead, &self.0.params[1..])
-            .await?
-            .is_none()
-        {
-            return Ok(Entered::Done {
-                reply: (0, self.0.name),
-                commit: true,
-            });
-        }
-        Plan::<DB>::enter(&self.0, tx, entry).await
-    }
-
-    no_body!((u64, &'static str));
-
-    fn labels(&self) -> Labels<'_> {
-        Labels::default()
-    }
-
-    fn outcome_name(reply: &(u64, &'static str)) -> &'static str {
-        reply.1
-    }
+/// The rows of one read of the outbox (`statement`, `$1` its limit), in a read-only
+/// transaction of its own.
+async fn read<DB: Backend>(
+    pool: &Pool<DB>,
+    statement: fn(&'static idem_sql::outbox::OutboxSql) -> &'static String,
+    limit: u32,
+) -> Result<Vec<Record>, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = statement(DB::dialect(conn)?.outbox());
+    let rows = DB::fetch_all(conn, sql, &[Param::Int(i64::from(limit))]).await?;
+    opened.end(true).await?;
+    Ok(rows)
 }
 
 /// One statement of the outbox's administration, a unit of work of its own; replies with
@@ -381,9 +346,22 @@ struct Admin<'a> {
     params: Vec<Param<'a>>,
     /// Its outcome's name, for the span and the counters.
     name: &'static str,
-    /// Whether it takes a dead message (`$1`, its id) out of the dead: the messages held
-    /// behind it are released in its transaction.
-    revives: bool,
+    /// What it does around its statement for the messages held behind a dead one.
+    around: Around,
+}
+
+/// What an [`Admin`] statement does around itself for the messages held behind a dead one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Around {
+    /// Nothing.
+    Nothing,
+    /// It takes a dead message (`$1`, its id) out of the dead: the messages held behind it
+    /// are released in its transaction.
+    Revives,
+    /// It holds behind a dead message (`$2`, its `seq`) if it is still dead, locked first
+    /// ([`LOCK_DEAD`](idem_sql::outbox::LOCK_DEAD)): a requeue waits for the hold, and
+    /// then releases it.
+    HoldsBehindDead,
 }
 
 impl<DB: Backend> Plan<DB> for Admin<'_> {
@@ -397,12 +375,22 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
         _: Entry,
     ) -> Result<Entered<(u64, &'static str)>, Error<Infallible>> {
         let sql = DB::dialect(tx)?.outbox();
-        let key = match self.revives {
-            true => match DB::fetch(tx, &sql.dead_key, &self.params[..1]).await? {
+        let key = match self.around {
+            Around::Revives => match DB::fetch(tx, &sql.dead_key, &self.params[..1]).await? {
                 Some(mut row) => row.take_text("ordering_key"),
                 None => None,
             },
-            false => None,
+            Around::HoldsBehindDead => {
+                let dead = DB::fetch(tx, &sql.lock_dead, &self.params[1..]).await?;
+                if dead.is_none() {
+                    return Ok(Entered::Done {
+                        reply: (0, self.name),
+                        commit: true,
+                    });
+                }
+                None
+            }
+            Around::Nothing => None,
         };
         let changed = DB::execute(tx, (self.statement)(sql), &self.params).await?;
         if changed > 0
