@@ -567,6 +567,20 @@ macro_rules! outbox_tests {
                 .await;
                 running.stop().await;
                 assert_eq!(recorder.per_key()["s"], ["s0", "s1"]);
+
+                // A `dead_at` idem never writes (by hand, another writer): dead, listed and
+                // requeued as dead, never kept out of every list.
+                stage(&[("x", 0)]).await;
+                sqlx::query("UPDATE idem_outbox SET dead_at = -1 WHERE id = 'x0'")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let dead: Vec<String> = outbox::dead(&pool, 10).await.unwrap().into_iter().map(|d| d.id).collect();
+                assert_eq!(dead, ["x0"]);
+                assert_eq!(outbox::backlog(&pool).await.unwrap().dead, 1);
+                assert!(outbox::requeue(&pool, "x0").await.unwrap());
+                assert_eq!(drain(&relay).await, 1);
+                assert_eq!(recorder.per_key()["x"], ["x0"]);
             }
 
             #[tokio::test]

@@ -64,7 +64,9 @@ pub const INSERT_MYSQL: &str = "INSERT INTO idem_outbox \
     VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now})";
 
 /// What `dead_at` holds for a message held behind its key's dead head: not a time (no
-/// message dies at the epoch), and not dead itself. Dead messages have `dead_at > 0`.
+/// message dies at the epoch), and not dead itself. Any other value is dead (`dead_at <>
+/// 0`): a time idem wrote, or whatever a hand wrote, which is then listed, requeued and
+/// discarded as dead rather than kept out of every list.
 pub const HELD: i64 = 0;
 
 /// The `dead_at` of the head of key `$2` (its pending message of lowest `seq`, one step along
@@ -92,12 +94,13 @@ pub const HOLD: &str = "UPDATE idem_outbox {unheld} SET dead_at = 0 \
 pub const RELEASE: &str = "UPDATE idem_outbox SET dead_at = NULL \
     WHERE ordering_key = $1 AND published_at IS NULL AND dead_at = 0 \
     AND NOT EXISTS (SELECT 1 FROM idem_outbox d \
-        WHERE d.ordering_key = $1 AND d.published_at IS NULL AND d.dead_at > 0)";
+        WHERE d.ordering_key = $1 AND d.published_at IS NULL AND d.dead_at <> 0)";
 
 /// Locks dead message `$1` (its `seq`) if it is still dead, before [`HOLD`] outside the
 /// transaction that killed it: a requeue or discard waits for the hold to commit, and
 /// releases what it held (`FOR UPDATE` is dropped on SQLite, whose writer is alone).
-pub const LOCK_DEAD: &str = "SELECT seq FROM idem_outbox WHERE seq = $1 AND dead_at > 0 FOR UPDATE";
+pub const LOCK_DEAD: &str =
+    "SELECT seq FROM idem_outbox WHERE seq = $1 AND dead_at <> 0 FOR UPDATE";
 
 /// The dead messages with unheld messages of their key behind them, their keys and `seq`s,
 /// at most `$1`, for [`HOLD`]. Read without locking. On MySQL this read and [`HOLD`] name
@@ -111,13 +114,13 @@ pub const DEAD_HEADS: &str = "SELECT d.ordering_key, d.seq FROM idem_outbox d {d
     ORDER BY d.seq LIMIT $1";
 
 /// A dead message `d` with unheld messages of its key behind it ([`DEAD_HEADS`]).
-const HOLDING: &str = "d.published_at IS NULL AND d.dead_at > 0 \
+const HOLDING: &str = "d.published_at IS NULL AND d.dead_at <> 0 \
     AND EXISTS (SELECT 1 FROM idem_outbox u {unheld} WHERE u.ordering_key = d.ordering_key \
         AND u.dead_at IS NULL AND u.seq > d.seq AND u.published_at IS NULL)";
 
 /// The ordering key of dead message `$1` (its id), to release its key once it is requeued
 /// or discarded.
-pub const DEAD_KEY: &str = "SELECT ordering_key FROM idem_outbox WHERE id = $1 AND dead_at > 0";
+pub const DEAD_KEY: &str = "SELECT ordering_key FROM idem_outbox WHERE id = $1 AND dead_at <> 0";
 
 /// At most `$1` keys with held messages and no dead one: held by a staging that read its
 /// key's head dead while the head was being requeued or discarded. A relay releases them
@@ -126,7 +129,7 @@ pub const DEAD_KEY: &str = "SELECT ordering_key FROM idem_outbox WHERE id = $1 A
 pub const STRANDED: &str = "SELECT DISTINCT h.ordering_key FROM idem_outbox h \
     WHERE h.published_at IS NULL AND h.dead_at = 0 \
     AND h.ordering_key NOT IN (SELECT d.ordering_key FROM idem_outbox d \
-        WHERE d.published_at IS NULL AND d.dead_at > 0) \
+        WHERE d.published_at IS NULL AND d.dead_at <> 0) \
     LIMIT $1";
 
 /// The columns a claim reads, and `now`, the database's time then.
@@ -232,21 +235,21 @@ pub const FAILED: &str = "UPDATE idem_outbox \
 /// Puts a dead message (`$1` id) back, as new: attempts from 0, due now.
 pub const REQUEUE: &str = "UPDATE idem_outbox \
     SET dead_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = {now}, claimed_until = NULL \
-    WHERE id = $1 AND dead_at > 0";
+    WHERE id = $1 AND dead_at <> 0";
 
 /// Deletes a dead message (`$1` id): its key's successors go on without it.
-pub const DISCARD: &str = "DELETE FROM idem_outbox WHERE id = $1 AND dead_at > 0";
+pub const DISCARD: &str = "DELETE FROM idem_outbox WHERE id = $1 AND dead_at <> 0";
 
 /// The dead messages, oldest first, at most `$1`.
 pub const DEAD: &str = "SELECT seq, id, ordering_key, destination, routing_key, attempts, \
     last_error, created_at, dead_at \
-    FROM idem_outbox WHERE published_at IS NULL AND dead_at > 0 ORDER BY seq LIMIT $1";
+    FROM idem_outbox WHERE published_at IS NULL AND dead_at <> 0 ORDER BY seq LIMIT $1";
 
 /// How many messages are unpublished (dead and held ones included), how many of them are
 /// dead, how many are held behind a dead one, and the age in milliseconds of the oldest
 /// unpublished one (NULL for none).
 pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, \
-    COUNT(CASE WHEN dead_at > 0 THEN 1 END) AS dead, \
+    COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
     COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
     {now} - MIN(created_at) AS oldest_age \
     FROM idem_outbox WHERE published_at IS NULL";
