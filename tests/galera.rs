@@ -26,7 +26,7 @@ use rand::seq::SliceRandom;
 use sqlx::{MySql, MySqlPool, Transaction};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -435,11 +435,15 @@ async fn a_node_killed_mid_run_loses_nothing_and_rejoins_with_the_same_rows() {
     let answered = Arc::new(AtomicUsize::new(0));
     let conflicts = Arc::new(AtomicUsize::new(0));
     let moved = Arc::new(AtomicUsize::new(0));
+    // While the kill runs (its SIGKILL, then the wait for the process to go), no task takes
+    // a new call: the calls in flight meet the dead node, and calls are left for after it.
+    let killing = Arc::new(AtomicBool::new(false));
 
     let mut tasks = JoinSet::new();
     for t in 0..24 {
         let (pools, inbox, calls) = (pools.clone(), inbox.clone(), calls.clone());
         let (answered, conflicts, moved) = (answered.clone(), conflicts.clone(), moved.clone());
+        let killing = killing.clone();
         tasks.spawn(async move {
             let node = AtomicUsize::new(t % 3);
             let node = &node;
@@ -452,6 +456,9 @@ async fn a_node_killed_mid_run_loses_nothing_and_rejoins_with_the_same_rows() {
             };
             let mut outcomes = Vec::new();
             loop {
+                while killing.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
                 let Some(k) = calls.lock().unwrap().pop() else {
                     return outcomes;
                 };
@@ -492,8 +499,10 @@ async fn a_node_killed_mid_run_loses_nothing_and_rejoins_with_the_same_rows() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let killed_at = answered.load(Ordering::SeqCst);
+    killing.store(true, Ordering::SeqCst);
     galera_cluster::script(&["kill", "3"]).await;
     let queued_after_kill = calls.lock().unwrap().len();
+    killing.store(false, Ordering::SeqCst);
 
     let mut applied = vec![0; KEYS as usize + 1];
     let mut processed = vec![0; KEYS as usize + 1];
