@@ -205,6 +205,7 @@ impl OwnNats {
 
     fn restart(&mut self) {
         let child = Command::new("nats-server")
+            .current_dir(self.store.parent().unwrap())
             .args([
                 "-a",
                 "127.0.0.1",

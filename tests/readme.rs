@@ -477,8 +477,11 @@ fn readme_quotes_the_compile_errors_as_pinned() {
             continue;
         };
         let file = path.split(':').next().unwrap().replace(".rs", ".stderr");
-        let pinned = std::fs::read_to_string(format!("tests/ui/fail/{file}"))
-            .unwrap_or_else(|e| panic!("the docs quote tests/ui/fail/{file}: {e}"));
+        let pinned = std::fs::read_to_string(format!(
+            "{}/tests/ui/fail/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap_or_else(|e| panic!("the docs quote tests/ui/fail/{file}: {e}"));
         assert!(
             pinned.contains(block),
             "the docs quote a message of tests/ui/fail/{file} that it does not pin:\n{block}"

@@ -81,15 +81,34 @@ async fn seeded(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// `path` relative to the working directory (`..` where they part).
+fn relative_to_cwd(path: &std::path::Path) -> std::path::PathBuf {
+    let cwd = std::env::current_dir().unwrap();
+    let common = cwd
+        .components()
+        .zip(path.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut relative = std::path::PathBuf::new();
+    for _ in cwd.components().skip(common) {
+        relative.push("..");
+    }
+    for part in path.components().skip(common) {
+        relative.push(part);
+    }
+    relative
+}
+
 /// Two pools on one file, named differently, share one queue: the second waits for the
 /// first writer's turn instead of losing to SQLite's busy timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_names_of_one_file_share_one_queue() {
     let path = seeded("writers-names.db").await;
-    let dir = path.parent().unwrap();
-    std::env::set_current_dir(dir).unwrap();
-    let relative = pool("sqlite:writers-names.db").await;
-    let dotted = pool("sqlite:./writers-names.db").await;
+    // Relative to the working directory, which this test leaves as it is: the other tests
+    // of this binary run meanwhile, and some read files relative to it.
+    let relative = relative_to_cwd(&path);
+    let dotted = pool(&format!("sqlite:./{}", relative.display())).await;
+    let relative = pool(&format!("sqlite:{}", relative.display())).await;
     let first =
         tokio::spawn(async move { slow_pay(&relative, 1, Duration::from_millis(1500)).await });
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -4,6 +4,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Layers (see `work`'s module docs; checked by tests/layers.rs): `work`, `backend`,
+// `machine`, `value`, `schema`, `error` and `fault` name none of the stages `transition`,
+// `inbox`, `outbox`, `cache` and `http`, which sit on them.
 mod backend;
 #[cfg(feature = "redis")]
 pub mod cache;
@@ -17,6 +20,7 @@ pub mod http;
 pub mod inbox;
 mod machine;
 pub mod outbox;
+mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transition;
@@ -32,12 +36,12 @@ pub use backend::{
 };
 pub use error::{Error, RowProblem};
 pub use inbox::delivery::{Consumed, ConsumedTransition};
-pub use inbox::migrate;
 pub use machine::definition::{Definition, Machine};
 pub use machine::enforce::enforce;
 pub use machine::results::create_results_table;
 pub use machine::sql::{MachineSql, Statements};
 pub use machine::verify::{ColumnRole, SchemaProblem, SchemaReport, verify};
+pub use schema::migrate;
 pub use transition::classification::{Classification, set_postgres_classification};
 pub use transition::creation::{Created, Creation};
 pub use transition::declared::{Transition, TransitionError};

@@ -288,16 +288,28 @@ pub fn scratch_file(name: &str) -> PathBuf {
 
 /// Runs the repository's `scripts/{name}` (a test cluster's own script) with `args`, under
 /// the environment the test runs in, and fails the test if it fails.
+///
+/// It runs from a folder only this user can enter (as `.ci/run` runs them): the servers a
+/// script restarts as another user must not depend on the caller's folder.
 pub async fn script(name: &str, args: &[&str]) {
+    use std::os::unix::fs::PermissionsExt;
     let path = format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR"));
     let owned: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let command = path.clone();
+    let private = std::env::temp_dir().join(format!("idem-script-{}", next_id()));
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let folder = private.clone();
     let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(command).args(&owned).output()
+        std::process::Command::new(command)
+            .current_dir(folder)
+            .args(&owned)
+            .output()
     })
     .await
     .unwrap()
     .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
+    let _ = std::fs::remove_dir(&private);
     assert!(
         output.status.success(),
         "scripts/{name} {args:?} failed: {}\n{}",

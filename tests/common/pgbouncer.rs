@@ -107,7 +107,9 @@ impl OwnPgbouncer {
             .status()
             .unwrap();
         assert!(owned.success(), "chown of {}", dir.display());
+        // From its own folder: the caller's (the checkout) may be closed to `postgres`.
         let child = Command::new("runuser")
+            .current_dir(&dir)
             .args(["-u", "postgres", "--", binary])
             .arg(dir.join("pgbouncer.ini"))
             .stdout(Stdio::null())

@@ -57,8 +57,15 @@ impl OwnRedis {
 
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
+        // From a folder of its own, where anything it writes lands (nothing, without
+        // persistence), never beside the checkout.
+        let dir = common::scratch_file(&format!("redis-{}", self.port));
+        std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new("redis-server")
+            .current_dir(&dir)
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .arg("--dir")
+            .arg(&dir)
             .args(["--save", "", "--appendonly", "no"])
             .args(["--enable-debug-command", "yes"])
             .stdout(Stdio::null())

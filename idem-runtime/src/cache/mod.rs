@@ -60,15 +60,13 @@
 //! [`Redis::stats`] has the same counts in the process.
 
 mod breaker;
-mod registry;
+mod identity;
 mod store;
 
 /// The `redis` crate idem's fast path is built on, for a
 /// [`ConnectionManager`](redis::aio::ConnectionManager) of your own.
 pub use redis;
-pub use registry::detach;
-pub(crate) use registry::{attached, attached_ttl};
-pub(crate) use store::Attached;
+use store::Attached;
 
 use crate::backend::Backend;
 use breaker::Breaker;
@@ -264,13 +262,13 @@ impl Redis {
         if self.read_timeout.is_zero() || self.write_timeout.is_zero() {
             return Err(CacheError::Setting("the timeouts must be above zero"));
         }
-        let identity = registry::identity(pool)
+        let identity = identity::identity(pool)
             .await
             .map_err(CacheError::Database)?;
         self.shared
             .breaker
             .get_or_init(|| Breaker::new(self.threshold, self.cool_down));
-        registry::attach(pool, Attached::new(self.clone(), &identity));
+        crate::work::fast::attach(pool, Arc::new(Attached::new(self.clone(), &identity)));
         Ok(())
     }
 
@@ -283,6 +281,12 @@ impl Redis {
             .breaker
             .get_or_init(|| Breaker::new(self.threshold, self.cool_down))
     }
+}
+
+/// Detaches the cache from `pool`: its calls go to the database only. Entries already in
+/// Redis stay until they expire.
+pub fn detach<DB: Backend>(pool: &sqlx::Pool<DB>) {
+    crate::work::fast::detach(pool);
 }
 
 /// What a [`Redis`] fast path did, see [`Redis::stats`].

@@ -3,8 +3,10 @@
 
 use super::{Redis, Stat};
 use crate::value::hex::hex;
-use crate::work::fast::{CacheKey, part};
+use crate::work::fast::{CacheKey, FirstResults, part};
 use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -37,12 +39,22 @@ impl Attached {
         }
     }
 
-    pub(crate) fn ttl(&self) -> Duration {
+    fn read<T>(&self, stat: Stat, span: &Span) -> Option<T> {
+        self.redis.count(stat, 1);
+        span.record("idem.cache", stat.name());
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idem_cache_reads_total", "result" => stat.name()).increment(1);
+        None
+    }
+}
+
+impl FirstResults for Attached {
+    fn ttl(&self) -> Duration {
         self.redis.ttl
     }
 
     /// The Redis key of `key` in this database: `namespace:` and a digest.
-    pub(crate) fn redis_key(&self, key: &CacheKey) -> String {
+    fn key(&self, key: &CacheKey) -> String {
         let mut digest = Sha256::new();
         digest.update(self.database);
         digest.update(key.0);
@@ -52,57 +64,55 @@ impl Attached {
     /// The plan's value under `key`, if Redis answers in time with one of idem's; counted
     /// and recorded in `span` when it does not (a hit or a foreign value is recorded by
     /// [`answered`](Self::answered), once the plan read it).
-    pub(crate) async fn get(&self, key: &str, span: &Span) -> Option<String> {
-        let redis = &self.redis;
-        let breaker = redis.circuit();
-        if !breaker.allows() {
-            return self.read(Stat::Skipped, span);
-        }
-        let mut conn = redis.conn.clone();
-        let mut get = redis::cmd("GET");
-        get.arg(key);
-        let get = get.query_async::<Option<Vec<u8>>>(&mut conn);
-        let value = match tokio::time::timeout(redis.read_timeout, get).await {
-            Err(_) => {
-                breaker.failed();
-                return self.read(Stat::Timeout, span);
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+        span: &'a Span,
+    ) -> Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>> {
+        Box::pin(async move {
+            let redis = &self.redis;
+            let breaker = redis.circuit();
+            if !breaker.allows() {
+                return self.read(Stat::Skipped, span);
             }
-            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
-                // Not a string: another program's key. Redis itself answered.
-                breaker.succeeded();
-                return self.read(Stat::Foreign, span);
+            let mut conn = redis.conn.clone();
+            let mut get = redis::cmd("GET");
+            get.arg(key);
+            let get = get.query_async::<Option<Vec<u8>>>(&mut conn);
+            let value = match tokio::time::timeout(redis.read_timeout, get).await {
+                Err(_) => {
+                    breaker.failed();
+                    return self.read(Stat::Timeout, span);
+                }
+                Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                    // Not a string: another program's key. Redis itself answered.
+                    breaker.succeeded();
+                    return self.read(Stat::Foreign, span);
+                }
+                Ok(Err(e)) => {
+                    breaker.failed();
+                    tracing::debug!(error = %e, "idem: the cache could not be read; asking the database");
+                    return self.read(Stat::Error, span);
+                }
+                Ok(Ok(value)) => value,
+            };
+            breaker.succeeded();
+            let Some(bytes) = value else {
+                return self.read(Stat::Miss, span);
+            };
+            match String::from_utf8(bytes)
+                .ok()
+                .and_then(|text| text.strip_prefix(ENVELOPE).map(str::to_owned))
+            {
+                Some(value) => Some(value),
+                None => self.read(Stat::Foreign, span),
             }
-            Ok(Err(e)) => {
-                breaker.failed();
-                tracing::debug!(error = %e, "idem: the cache could not be read; asking the database");
-                return self.read(Stat::Error, span);
-            }
-            Ok(Ok(value)) => value,
-        };
-        breaker.succeeded();
-        let Some(bytes) = value else {
-            return self.read(Stat::Miss, span);
-        };
-        match String::from_utf8(bytes)
-            .ok()
-            .and_then(|text| text.strip_prefix(ENVELOPE).map(str::to_owned))
-        {
-            Some(value) => Some(value),
-            None => self.read(Stat::Foreign, span),
-        }
+        })
     }
 
     /// The plan read the value: it answered the call (`hit`) or could not use it.
-    pub(crate) fn answered(&self, hit: bool, span: &Span) {
+    fn answered(&self, hit: bool, span: &Span) {
         let _ = self.read::<()>(if hit { Stat::Hit } else { Stat::Foreign }, span);
-    }
-
-    fn read<T>(&self, stat: Stat, span: &Span) -> Option<T> {
-        self.redis.count(stat, 1);
-        span.record("idem.cache", stat.name());
-        #[cfg(feature = "metrics")]
-        metrics::counter!("idem_cache_reads_total", "result" => stat.name()).increment(1);
-        None
     }
 
     /// Queues `value` under `key` for the writer task, which writes what is queued in one
@@ -111,7 +121,7 @@ impl Attached {
     /// is written for a record as old as the TTL. Skipped (and counted) while the breaker is
     /// open, outside a Tokio runtime, or when the queue is full: the call never waits for a
     /// write.
-    pub(crate) fn put(&self, key: String, value: String, age: Duration) {
+    fn put(&self, key: String, value: String, age: Duration) {
         let Some(life) = self
             .redis
             .ttl

@@ -27,19 +27,17 @@ mod leased;
 pub mod partitions;
 pub(crate) mod record;
 mod retention;
-mod sql;
 mod stage;
 
+pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
 pub use delivery::Delivery;
 pub use gather::gather;
 pub use key::{AsMessageKey, MessageKey};
-pub use sql::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION};
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
-use crate::backend::ddl::{Ddl, install};
 use crate::backend::{Backend, Opened, Param};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -328,8 +326,7 @@ impl Inbox {
         retention: Duration,
         batch: u32,
     ) -> Result<u64, Error<Infallible>> {
-        #[cfg(feature = "redis")]
-        if let Some(ttl) = crate::cache::attached_ttl(pool)
+        if let Some(ttl) = crate::work::fast::attached_ttl(pool)
             && retention < ttl
         {
             return Err(Error::RetentionBelowCache { retention, ttl });
@@ -770,21 +767,6 @@ impl std::error::Error for SweeperError {
 /// The payload's SHA-256, hex: what "the same content" means.
 pub(crate) fn fingerprint(payload: &[u8]) -> String {
     crate::value::hex::hex(&Sha256::digest(payload))
-}
-
-/// Creates idem's tables (the default results table and the inbox) if they do not
-/// exist, and brings tables of older migrations up to date (PostgreSQL: the inbox's status
-/// without its CHECK; MySQL: key columns compared byte for byte, `VARBINARY`, which
-/// rewrites each table once): [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or
-/// [`MYSQL_MIGRATION`], statement by statement.
-pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    install(pool, |dialect| {
-        // Collected before any `.await`: held across one, `map(Ddl::Statement)` would keep
-        // rustc from proving this future `Send`.
-        let statements = sql::statements(sql::migration(dialect));
-        statements.map(Ddl::Statement).collect::<Vec<_>>()
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -355,19 +355,21 @@ impl Kept for Recorded {
             .read_record::<DB>(conn, &self.key, fingerprint, statement)
             .await?;
         match found {
-            Some(Found::Ended(ended)) => Ok(Sealed::Lost(Lost(ended))),
+            Some(Found::Ended(ended)) => Ok(Sealed::Lost(Lost::new(ended))),
             // Failed, or its lease expired: a delivery takes such a record over before its
             // handler runs, and this one's ran without it (its writes roll back). It is
             // in progress to this call; the HTTP layer runs the request again in the
             // default form, which takes the record over.
-            Some(Found::Retry { .. }) => {
-                Ok(Sealed::Lost(Lost(Ended::InProgress { lease_until: None })))
-            }
+            Some(Found::Retry { .. }) => Ok(Sealed::Lost(Lost::new(Ended::InProgress {
+                lease_until: None,
+            }))),
             // Taken, yet not to be seen: purged since, or committed after the snapshot of a
             // transaction at REPEATABLE READ or above (PostgreSQL). A fresh transaction
             // sees what there is: in progress here, and the HTTP layer runs the request
             // again in the default form.
-            None => Ok(Sealed::Lost(Lost(Ended::InProgress { lease_until: None }))),
+            None => Ok(Sealed::Lost(Lost::new(Ended::InProgress {
+                lease_until: None,
+            }))),
         }
     }
 
@@ -432,8 +434,14 @@ impl<DB: Backend, T> Plan<DB> for InboxPlan<T> {
     }
 
     fn lost(&self, lost: Lost) -> Result<Delivery<T>, Error<Infallible>> {
-        self.stage.found(&lost.0);
-        self.stage.inbox.ended(self.codec, &self.stage.key, lost.0)
+        let Some(ended) = lost.found::<Ended>() else {
+            return Err(self.stage.inbox.corrupt(
+                &self.stage.key,
+                "the inbox's plan was told of a key another stage lost",
+            ));
+        };
+        self.stage.found(&ended);
+        self.stage.inbox.ended(self.codec, &self.stage.key, ended)
     }
 
     fn labels(&self) -> Labels<'_> {

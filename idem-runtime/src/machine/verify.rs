@@ -3,60 +3,13 @@
 
 use crate::backend::{Backend, Dialect, Opened, Param};
 use crate::machine::definition::Machine;
+use crate::schema::{
+    INBOX_COLUMNS, INBOX_KEY_COLUMNS, OUTBOX_COLUMNS, OUTBOX_KEY_COLUMNS, RESULT_COLUMNS,
+    RESULT_KEY_COLUMNS,
+};
 use idem_sql::catalog::{ColumnsOf, TypeKind};
 use sqlx::Pool;
 use std::fmt;
-
-/// The columns of the results table idem reads and writes.
-const RESULT_COLUMNS: [&str; 6] = [
-    "machine",
-    "entity_key",
-    "from_state",
-    "to_state",
-    "result",
-    "created_at",
-];
-
-/// The columns of the inbox table idem reads and writes.
-const INBOX_COLUMNS: [&str; 10] = [
-    "consumer_group",
-    "message_key",
-    "fingerprint",
-    "status",
-    "attempts",
-    "result",
-    "error",
-    "lease_until",
-    "created_at",
-    "updated_at",
-];
-
-/// The columns of the outbox table idem reads and writes.
-const OUTBOX_COLUMNS: [&str; 14] = [
-    "seq",
-    "id",
-    "ordering_key",
-    "destination",
-    "routing_key",
-    "payload",
-    "headers",
-    "created_at",
-    "attempts",
-    "next_attempt_at",
-    "last_error",
-    "published_at",
-    "dead_at",
-    "claimed_until",
-];
-
-/// The columns of the outbox table compared byte for byte: its id and ordering key.
-const OUTBOX_KEY_COLUMNS: [&str; 2] = ["id", "ordering_key"];
-
-/// The columns of the results table that make its key: compared byte for byte.
-const RESULT_KEY_COLUMNS: [&str; 4] = ["machine", "entity_key", "from_state", "to_state"];
-
-/// The columns of the inbox table that make its key: compared byte for byte.
-const INBOX_KEY_COLUMNS: [&str; 2] = ["consumer_group", "message_key"];
 
 /// How many undeclared state values a report names (it counts them all).
 const SHOWN_STATES: usize = 10;
@@ -644,34 +597,6 @@ impl fmt::Display for SchemaProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The columns checked are the columns the migrations create.
-    #[test]
-    fn the_checked_columns_are_the_migrated_ones() {
-        for migration in [
-            crate::inbox::POSTGRES_MIGRATION,
-            crate::inbox::SQLITE_MIGRATION,
-            crate::inbox::MYSQL_MIGRATION,
-        ] {
-            let table = |name: &str| {
-                let start = migration
-                    .find(&format!("CREATE TABLE IF NOT EXISTS {name} ("))
-                    .unwrap();
-                let end = start + migration[start..].find("\n)").unwrap();
-                migration[start..end].to_owned()
-            };
-            let columns = |ddl: String| -> Vec<String> {
-                ddl.lines()
-                    .skip(1)
-                    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-                    .filter(|c| c != "PRIMARY" && c != "KEY" && c != "UNIQUE")
-                    .collect()
-            };
-            assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
-            assert_eq!(columns(table("idem_results")), RESULT_COLUMNS);
-            assert_eq!(columns(table("idem_outbox")), OUTBOX_COLUMNS);
-        }
-    }
 
     #[test]
     fn names_are_quoted_per_part() {

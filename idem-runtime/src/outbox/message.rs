@@ -1,9 +1,11 @@
 //! A message to stage: where it goes, what it carries, and what orders it.
 
 use super::OutboxError;
-use super::effect::MAX_ORDERING_KEY_LEN;
 use serde::Serialize;
 use std::fmt;
+
+/// The longest ordering key, in bytes (the column's size on MySQL).
+pub const MAX_ORDERING_KEY_LEN: usize = 255;
 
 /// The largest payload a message may carry, in bytes (8 MiB: under MariaDB's default
 /// `max_allowed_packet` of 16 MiB, and far above what brokers take by default — NATS 1 MiB).

@@ -23,7 +23,6 @@
 //! The guide's outbox page has the SQL, the guarantees and the windows that remain:
 //! [`idem::guide::outbox`](https://docs.rs/idem/latest/idem/guide/outbox/index.html).
 
-pub(crate) mod effect;
 mod message;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -32,8 +31,10 @@ pub mod rabbitmq;
 mod relay;
 mod stage;
 
-pub use effect::{EffectKey, MAX_ORDERING_KEY_LEN};
-pub use message::{Destination, MAX_HEADERS_LEN, MAX_NAME_LEN, MAX_PAYLOAD_LEN, Message};
+pub use crate::work::effect::EffectKey;
+pub use message::{
+    Destination, MAX_HEADERS_LEN, MAX_NAME_LEN, MAX_ORDERING_KEY_LEN, MAX_PAYLOAD_LEN, Message,
+};
 pub use relay::{
     MAX_BATCH_SIZE, Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed,
 };

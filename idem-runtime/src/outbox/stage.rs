@@ -1,9 +1,12 @@
 //! Staging: a message written into `idem_outbox` in the transaction of its effect.
 
-use super::effect::{self, CallScope};
-use super::{Message, MessageId, OutboxError};
+use super::{MAX_ORDERING_KEY_LEN, Message, MessageId, OutboxError};
 use crate::backend::{Backend, Param, insert_unless_taken};
+use crate::value::hex::hex;
+use crate::work::effect::{self, CallScope};
+use sha2::{Digest, Sha256};
 use sqlx::Transaction;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Stages `message` in `tx`: it is published after `tx` commits, and never if `tx` rolls
@@ -58,15 +61,15 @@ pub(crate) async fn stage_in<DB: Backend>(
         (None, None) => return Err(OutboxError::NoEffect.into()),
     };
     let ordering_key = match (&message.ordering_key, scope) {
-        (Some(key), _) => key.as_str(),
-        (None, Some(scope)) => scope.ordering_key(),
+        (Some(key), _) => Cow::Borrowed(key.as_str()),
+        (None, Some(scope)) => default_ordering_key(scope),
         // Its own key: ordered with nothing else.
-        (None, None) => id.as_str(),
+        (None, None) => Cow::Borrowed(id.as_str()),
     };
     let headers = message.headers_json();
     let params = [
         Param::Text(&id),
-        Param::Text(ordering_key),
+        Param::Text(&ordering_key),
         Param::Text(&message.destination.name),
         Param::Text(&message.destination.routing_key),
         Param::Bytes(&message.payload),
@@ -91,4 +94,45 @@ static NOTIFY: AtomicBool = AtomicBool::new(true);
 /// ([`Relay::poll_interval`](super::Relay::poll_interval)). BENCHMARKS.md has both.
 pub fn set_notify(on: bool) {
     NOTIFY.store(on, Ordering::Relaxed);
+}
+
+/// The ordering key of the messages a call stages by default: the call's qualified key
+/// (`machine/key` for a transition or a creation, `group/key` for an inbox handler or an
+/// HTTP request), or its digest (`sha256:…`) when longer than 255 bytes.
+fn default_ordering_key(scope: &CallScope) -> Cow<'_, str> {
+    let key = scope.qualified_key();
+    if key.len() <= MAX_ORDERING_KEY_LEN {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(format!("sha256:{}", hex(&Sha256::digest(key.as_bytes()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::work::observe::Labels;
+
+    #[test]
+    fn the_default_ordering_key_is_the_calls_or_its_digest() {
+        let scope = |key: &str| {
+            CallScope::of(&Labels {
+                machine: Some("order"),
+                transition: Some(("CREATED", "PAID")),
+                group: None,
+                key: Some(key),
+            })
+            .unwrap()
+        };
+        assert_eq!(default_ordering_key(&scope("7")), "order/7");
+        let long = scope(&"k".repeat(300));
+        let key = default_ordering_key(&long);
+        assert!(key.starts_with("sha256:"), "{key}");
+        assert_eq!(key.len(), 7 + 64);
+        assert_eq!(
+            default_ordering_key(&long),
+            key,
+            "the same call, the same key"
+        );
+    }
 }

@@ -38,7 +38,7 @@
 use crate::backend::{Backend, Database, Dialect, Opened, WriterGuard, holding, is_conflict};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
-use crate::outbox::effect::{CallScope, within};
+use crate::work::effect::{CallScope, within};
 use crate::work::fast::{CacheKey, Fast};
 use crate::work::observe::Labels;
 use crate::work::retry::Backoff;
@@ -47,14 +47,11 @@ use crate::work::stored::bounded;
 use crate::work::unwind::{Panicked, unwound};
 use core::future::Future;
 use sqlx::{Connection, Pool, Transaction};
+use std::any::Any;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, Span};
-
-#[cfg(doc)]
-use crate::inbox::Recorded;
-use crate::inbox::record::Ended;
 
 /// What the stages of a call found.
 pub enum Entered<R, K = ()> {
@@ -75,7 +72,7 @@ pub enum Entered<R, K = ()> {
 /// unit of work's transaction, and hears that the transaction committed.
 ///
 /// The unit of work holds it without naming it: each stage keeps its own (the transition's
-/// `Moved`, the inbox's [`Recorded`]), a plan of several stages keeps a tuple of theirs,
+/// `Moved`, the inbox's [`Recorded`](crate::inbox::Recorded)), a plan of several stages keeps a tuple of theirs,
 /// and a plan whose stages keep nothing keeps `()`. A new stage joins every form by
 /// implementing it; [`Work::finish`] does not change.
 pub trait Kept: Send + Sync {
@@ -117,9 +114,24 @@ pub enum Sealed {
     Lost(Lost),
 }
 
-/// What became of the call that took a key first (see [`Sealed::Lost`]), for
-/// [`Plan::lost`] to reply with.
-pub struct Lost(pub(crate) Ended);
+/// What a stage found of the call that took its key first (see [`Sealed::Lost`]), for
+/// [`Plan::lost`] to reply with. The unit of work carries it without knowing what it is:
+/// the stage that lost puts in what it read ([`Lost::new`]), and its plan takes it back
+/// out ([`Lost::found`]).
+pub struct Lost(Box<dyn Any + Send>);
+
+impl Lost {
+    /// What a stage read of the call that took its key.
+    pub(crate) fn new<T: Any + Send>(found: T) -> Lost {
+        Lost(Box::new(found))
+    }
+
+    /// What the stage put in, if it is a `T`: `None` for another stage's (a plan
+    /// answering for a stage it does not have: idem's own bug).
+    pub(crate) fn found<T: Any>(self) -> Option<T> {
+        self.0.downcast().ok().map(|found| *found)
+    }
+}
 
 impl Kept for () {
     async fn store<DB: Backend>(&self, _: &mut DB::Connection, _: &str) -> Result<(), sqlx::Error> {

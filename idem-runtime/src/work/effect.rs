@@ -2,10 +2,12 @@
 //! idempotency key of a call to an outside API.
 //!
 //! Every handler's body runs in a *call scope*, set by the unit of work around the body
-//! (`Held::run`): the effect it belongs to and how many messages the body has staged so far.
-//! The ids are digests of the effect and never random, so a body that runs again (after a
-//! rollback, a lost conflict at COMMIT, a crash, a redelivery that finds no record) derives
-//! the same ones; a duplicate call derives none, because its body does not run.
+//! (`Held::run`): the effect it belongs to and how many ids the body has derived so far
+//! (the messages it staged). The ids are digests of the effect and never random, so a body
+//! that runs again (after a rollback, a lost conflict at COMMIT, a crash, a redelivery that
+//! finds no record) derives the same ones; a duplicate call derives none, because its body
+//! does not run. The stages use it (the outbox's ids and default ordering key), and it
+//! knows none of them.
 
 use crate::value::hex::hex;
 use crate::work::observe::Labels;
@@ -125,12 +127,9 @@ fn part(digest: &mut Sha256, bytes: &[u8]) {
     digest.update(bytes);
 }
 
-/// The longest ordering key, in bytes (the column's size on MySQL).
-pub const MAX_ORDERING_KEY_LEN: usize = 255;
-
-/// The call a handler's body runs for: what identifies it, and how many messages it has
-/// staged. Every call makes one, most never stage: the digest and the ordering key are
-/// computed on first use.
+/// The call a handler's body runs for: what identifies it, and how many ids it has
+/// derived in order (the messages it staged). Every call makes one, most never derive
+/// any: the digest and the qualified key are computed on first use.
 #[derive(Debug)]
 pub(crate) struct CallScope {
     machine: Option<&'static str>,
@@ -138,8 +137,8 @@ pub(crate) struct CallScope {
     group: Option<String>,
     key: String,
     effect: OnceLock<EffectKey>,
-    ordering_key: OnceLock<String>,
-    staged: AtomicU32,
+    qualified: OnceLock<String>,
+    derived: AtomicU32,
 }
 
 impl CallScope {
@@ -152,8 +151,8 @@ impl CallScope {
             group: labels.group.map(str::to_owned),
             key: labels.key?.to_owned(),
             effect: OnceLock::new(),
-            ordering_key: OnceLock::new(),
-            staged: AtomicU32::new(0),
+            qualified: OnceLock::new(),
+            derived: AtomicU32::new(0),
         }))
     }
 
@@ -173,28 +172,23 @@ impl CallScope {
             .get_or_init(|| EffectKey::of_labels(&self.labels()))
     }
 
-    /// The ordering key of the messages it stages by default: `machine/key` for a
-    /// transition or a creation, `group/key` for an inbox handler or an HTTP request
-    /// (the digest, `sha256:…`, of one longer than 255 bytes).
-    pub(crate) fn ordering_key(&self) -> &str {
-        self.ordering_key.get_or_init(|| {
+    /// The call's key, qualified by what it is a key of: `machine/key` for a transition or
+    /// a creation, `group/key` for an inbox handler or an HTTP request, the key alone
+    /// otherwise.
+    pub(crate) fn qualified_key(&self) -> &str {
+        self.qualified.get_or_init(|| {
             let key = &self.key;
-            let ordering_key = match (self.machine, &self.group) {
+            match (self.machine, &self.group) {
                 (Some(machine), _) => format!("{machine}/{key}"),
                 (None, Some(group)) => format!("{group}/{key}"),
                 (None, None) => key.clone(),
-            };
-            if ordering_key.len() <= MAX_ORDERING_KEY_LEN {
-                ordering_key
-            } else {
-                format!("sha256:{}", hex(&Sha256::digest(ordering_key.as_bytes())))
             }
         })
     }
 
-    /// The next message's position in the call.
+    /// The position of the next id derived in the call, from 0.
     pub(crate) fn next_position(&self) -> u32 {
-        self.staged.fetch_add(1, Ordering::Relaxed)
+        self.derived.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -249,11 +243,11 @@ mod tests {
         );
         // Length prefixes: moving a byte from one part to the next is another effect.
         assert_ne!(EffectKey::of(&["ab", "c"]), EffectKey::of(&["a", "bc"]));
-        assert_eq!(pay.ordering_key(), "order/7");
+        assert_eq!(pay.qualified_key(), "order/7");
         assert_eq!(
             CallScope::of(&labels(None, Some("billing"), "m-1"))
                 .unwrap()
-                .ordering_key(),
+                .qualified_key(),
             "billing/m-1"
         );
         assert!(CallScope::of(&Labels::default()).is_none());
@@ -275,13 +269,5 @@ mod tests {
                 [&18u64.to_be_bytes()[..], b"idem/effect/user/1"].concat()
             ))
         );
-    }
-
-    #[test]
-    fn a_long_ordering_key_is_its_digest() {
-        let key = "k".repeat(300);
-        let scope = CallScope::of(&labels(Some("order"), None, &key)).unwrap();
-        assert!(scope.ordering_key().starts_with("sha256:"));
-        assert_eq!(scope.ordering_key().len(), 7 + 64);
     }
 }

@@ -1,0 +1,198 @@
+//! idem's own tables — the results table, the inbox and the outbox — as this version
+//! makes them: their migrations, which [`migrate`] runs, and the columns
+//! [`verify`](crate::verify) checks. Below every stage: a stage names its table here, and
+//! this module names no stage.
+
+use crate::backend::Backend;
+use crate::backend::Dialect;
+use crate::backend::ddl::{Ddl, install};
+use sqlx::Pool;
+
+/// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
+/// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
+/// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox), in one text.
+pub const POSTGRES_MIGRATION: &str = concat!(
+    include_str!("../migrations/postgres/0001_idem.sql"),
+    "\n",
+    include_str!("../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
+    "\n",
+    include_str!("../migrations/postgres/0003_idem_outbox.sql"),
+);
+/// The schema for SQLite, as its sqlx migrations in order (`0001_idem.sql`: the results
+/// table and the inbox; `0002_idem_outbox.sql`: the outbox), in one text.
+pub const SQLITE_MIGRATION: &str = concat!(
+    include_str!("../migrations/sqlite/0001_idem.sql"),
+    "\n",
+    include_str!("../migrations/sqlite/0002_idem_outbox.sql"),
+);
+/// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
+/// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
+/// their key columns `VARBINARY`, compared byte for byte, trailing spaces included;
+/// `0003_idem_outbox.sql`: the outbox; `0004_idem_outbox_held.sql`: the indexes a relay's
+/// candidates and holds follow, which set dead and held messages apart), in one text.
+pub const MYSQL_MIGRATION: &str = concat!(
+    include_str!("../migrations/mysql/0001_idem.sql"),
+    "\n",
+    include_str!("../migrations/mysql/0002_idem_exact_keys.sql"),
+    "\n",
+    include_str!("../migrations/mysql/0003_idem_outbox.sql"),
+    "\n",
+    include_str!("../migrations/mysql/0004_idem_outbox_held.sql"),
+);
+
+/// The schema of `dialect`, as its migrations in order in one text.
+pub fn migration(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => POSTGRES_MIGRATION,
+        Dialect::Sqlite => SQLITE_MIGRATION,
+        Dialect::MySql => MYSQL_MIGRATION,
+    }
+}
+
+/// The statements of a migration, one by one (a prepared statement holds one command).
+pub(crate) fn statements(migration: &str) -> impl Iterator<Item = &str> {
+    migration.split(';').map(str::trim).filter(|statement| {
+        statement
+            .lines()
+            .any(|line| !line.trim().is_empty() && !line.trim_start().starts_with("--"))
+    })
+}
+
+/// Creates idem's tables (the default results table and the inbox) if they do not
+/// exist, and brings tables of older migrations up to date (PostgreSQL: the inbox's status
+/// without its CHECK; MySQL: key columns compared byte for byte, `VARBINARY`, which
+/// rewrites each table once): [`SQLITE_MIGRATION`], [`POSTGRES_MIGRATION`] or
+/// [`MYSQL_MIGRATION`], statement by statement.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    install(pool, |dialect| {
+        // Collected before any `.await`: held across one, `map(Ddl::Statement)` would keep
+        // rustc from proving this future `Send`.
+        let statements = statements(migration(dialect));
+        statements.map(Ddl::Statement).collect::<Vec<_>>()
+    })
+    .await
+}
+
+/// The columns of the results table idem reads and writes.
+pub(crate) const RESULT_COLUMNS: [&str; 6] = [
+    "machine",
+    "entity_key",
+    "from_state",
+    "to_state",
+    "result",
+    "created_at",
+];
+
+/// The columns of the inbox table idem reads and writes.
+pub(crate) const INBOX_COLUMNS: [&str; 10] = [
+    "consumer_group",
+    "message_key",
+    "fingerprint",
+    "status",
+    "attempts",
+    "result",
+    "error",
+    "lease_until",
+    "created_at",
+    "updated_at",
+];
+
+/// The columns of the outbox table idem reads and writes.
+pub(crate) const OUTBOX_COLUMNS: [&str; 14] = [
+    "seq",
+    "id",
+    "ordering_key",
+    "destination",
+    "routing_key",
+    "payload",
+    "headers",
+    "created_at",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "published_at",
+    "dead_at",
+    "claimed_until",
+];
+
+/// The columns of the outbox table compared byte for byte: its id and ordering key.
+pub(crate) const OUTBOX_KEY_COLUMNS: [&str; 2] = ["id", "ordering_key"];
+
+/// The columns of the results table that make its key: compared byte for byte.
+pub(crate) const RESULT_KEY_COLUMNS: [&str; 4] =
+    ["machine", "entity_key", "from_state", "to_state"];
+
+/// The columns of the inbox table that make its key: compared byte for byte.
+pub(crate) const INBOX_KEY_COLUMNS: [&str; 2] = ["consumer_group", "message_key"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MySQL migration makes as many lock rows as a claim's buckets count.
+    #[test]
+    fn the_lock_rows_are_the_claims_buckets() {
+        let buckets = idem_sql::outbox::MYSQL_KEY_BUCKETS;
+        assert!(MYSQL_MIGRATION.contains(&format!("FROM idem_outbox_locks) < {buckets}")));
+        assert_eq!(
+            buckets,
+            16 * 16 * 16 * 4,
+            "the cross join of four digit tables"
+        );
+    }
+
+    #[test]
+    fn migrations_split_into_their_statements() {
+        for (migration, count) in [
+            (POSTGRES_MIGRATION, 8),
+            (SQLITE_MIGRATION, 7),
+            (MYSQL_MIGRATION, 9),
+        ] {
+            let statements: Vec<&str> = statements(migration).collect();
+            assert_eq!(statements.len(), count, "{statements:#?}");
+            assert!(statements[1].contains("CREATE TABLE IF NOT EXISTS idem_inbox"));
+        }
+        // `statements` splits at every semicolon, so a comment must not hold one.
+        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION, MYSQL_MIGRATION] {
+            for line in migration
+                .lines()
+                .filter(|l| l.trim_start().starts_with("--"))
+            {
+                assert!(!line.contains(';'), "a semicolon in a comment: {line}");
+            }
+        }
+        let postgres: Vec<&str> = statements(POSTGRES_MIGRATION).collect();
+        assert!(postgres[3].contains("DROP CONSTRAINT IF EXISTS idem_inbox_status_check"));
+        assert!(postgres[4].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
+        let sqlite: Vec<&str> = statements(SQLITE_MIGRATION).collect();
+        assert!(sqlite[3].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
+        let mysql: Vec<&str> = statements(MYSQL_MIGRATION).collect();
+        assert!(mysql[2].contains("ALTER TABLE idem_results"));
+        assert!(mysql[3].starts_with("ALTER TABLE idem_inbox"));
+        assert!(mysql[4].contains("CREATE TABLE IF NOT EXISTS idem_outbox"));
+    }
+
+    /// The columns checked are the columns the migrations create.
+    #[test]
+    fn the_checked_columns_are_the_migrated_ones() {
+        for migration in [POSTGRES_MIGRATION, SQLITE_MIGRATION, MYSQL_MIGRATION] {
+            let table = |name: &str| {
+                let start = migration
+                    .find(&format!("CREATE TABLE IF NOT EXISTS {name} ("))
+                    .unwrap();
+                let end = start + migration[start..].find("\n)").unwrap();
+                migration[start..end].to_owned()
+            };
+            let columns = |ddl: String| -> Vec<String> {
+                ddl.lines()
+                    .skip(1)
+                    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                    .filter(|c| c != "PRIMARY" && c != "KEY" && c != "UNIQUE")
+                    .collect()
+            };
+            assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
+            assert_eq!(columns(table("idem_results")), RESULT_COLUMNS);
+            assert_eq!(columns(table("idem_outbox")), OUTBOX_COLUMNS);
+        }
+    }
+}
