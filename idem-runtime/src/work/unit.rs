@@ -71,10 +71,10 @@ pub enum Entered<R, K = ()> {
 /// What a stage keeps from its entry until the commit: it stores the body's result in the
 /// unit of work's transaction, and hears that the transaction committed.
 ///
-/// The unit of work holds it without naming it: each stage keeps its own (the transition's
-/// `Moved`, the inbox's [`Recorded`](crate::inbox::Recorded)), a plan of several stages keeps a tuple of theirs,
-/// and a plan whose stages keep nothing keeps `()`. A new stage joins every form by
-/// implementing it; [`Work::finish`] does not change.
+/// The unit of work holds it without naming it: each stage keeps its own (the
+/// transition's `Moved`, the inbox's [`Recorded`](crate::inbox::Recorded)), a plan of
+/// several stages keeps a tuple of theirs, and a plan whose stages keep nothing keeps `()`.
+/// A new stage joins every form by implementing it; [`Work::finish`] does not change.
 pub trait Kept: Send + Sync {
     /// Stores the body's result, serialized (never `null`), in the open transaction.
     fn store<DB: Backend>(
@@ -762,5 +762,22 @@ impl<'c, DB: Backend, K: Kept> Work<'c, DB, K> {
             self.fast.remember(plan.cache_applied(&json), None);
         }
         Ok(plan.applied(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lost;
+
+    /// What a stage put in comes back out to its own plan, and to no other.
+    #[test]
+    fn a_lost_key_carries_what_its_stage_found() {
+        #[derive(Debug, PartialEq)]
+        struct Found(&'static str);
+        assert_eq!(
+            Lost::new(Found("taken")).found::<Found>(),
+            Some(Found("taken"))
+        );
+        assert_eq!(Lost::new(Found("taken")).found::<String>(), None);
     }
 }
