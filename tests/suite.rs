@@ -58,6 +58,7 @@ mod migrations;
 mod nats;
 mod outbox;
 mod outbox_brokers;
+mod outbox_kafka;
 mod partitions;
 mod pgbouncer_session;
 mod postgres_types;

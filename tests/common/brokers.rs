@@ -50,8 +50,13 @@ pub fn amqp_url() -> Option<String> {
     server_url("IDEM_TEST_AMQP_URL", "RabbitMQ")
 }
 
+/// The Kafka bootstrap servers (`host:port`, comma-separated), or `None` (test skipped).
+pub fn kafka_url() -> Option<String> {
+    server_url("IDEM_TEST_KAFKA_URL", "Kafka")
+}
+
 /// `{prefix}-{pid}-{start}-{n}`: a stream or queue name no other process (and no other
-/// test of this one) uses. Letters, digits, `-` and `_` only, valid for both brokers.
+/// test of this one) uses. Letters, digits, `-` and `_` only, valid for every broker.
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();

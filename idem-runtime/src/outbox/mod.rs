@@ -23,6 +23,8 @@
 //! The guide's outbox page has the SQL, the guarantees and the windows that remain:
 //! [`idem::guide::outbox`](https://docs.rs/idem/latest/idem/guide/outbox/index.html).
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod message;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -115,8 +117,11 @@ impl From<OutboxError> for sqlx::Error {
 /// relay), or one that is no key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IncomingKeyError {
-    /// The message has no id (`Nats-Msg-Id`, AMQP `message_id`).
+    /// The message has no id (`Nats-Msg-Id`, AMQP `message_id`, Kafka's `idem-message-id`
+    /// header).
     Missing,
+    /// Its id is not UTF-8 text (a Kafka header holds bytes).
+    NotText,
     /// Its id is no message key.
     Invalid(crate::KeyError),
 }
@@ -125,8 +130,9 @@ impl fmt::Display for IncomingKeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IncomingKeyError::Missing => f.write_str(
-                "the message carries no id (Nats-Msg-Id or AMQP message_id): it was not published by an idem relay, or its id was stripped",
+                "the message carries no id (Nats-Msg-Id, AMQP message_id or the Kafka header idem-message-id): it was not published by an idem relay, or its id was stripped",
             ),
+            IncomingKeyError::NotText => f.write_str("the message's id is not UTF-8 text"),
             IncomingKeyError::Invalid(e) => write!(f, "the message's id is no message key: {e}"),
         }
     }

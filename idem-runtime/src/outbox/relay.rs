@@ -132,9 +132,11 @@ pub struct Relayed {
     pub claimed: usize,
     /// Published and marked.
     pub published: usize,
-    /// Failed this attempt, to be tried again after a backoff.
+    /// Failed this attempt: to be tried again after a backoff, or dead (counted in
+    /// [`dead`](Self::dead) too).
     pub failed: usize,
-    /// Failed their last allowed attempt: dead, holding back their ordering key.
+    /// Of the failed, those that failed their last allowed attempt: dead, holding back
+    /// their ordering key.
     pub dead: usize,
 }
 

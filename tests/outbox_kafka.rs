@@ -1,0 +1,407 @@
+//! The outbox's Kafka publisher on a real broker (`IDEM_TEST_KAFKA_URL`): the ordering key
+//! as the Kafka key (one key, one partition, in order), the id in the `idem-message-id`
+//! header, a re-publish kept by Kafka and absorbed by the next hop's inbox, a message over
+//! the producer's size limit dead after its attempts without holding back another key, a
+//! broker that does not answer, and two relays keeping each key's order.
+
+use crate::brokers::{cleanup_after, kafka_url, poll_until, unique};
+use crate::common;
+
+use idem::inbox::{Delivery, Inbox, Received};
+use idem::outbox::kafka::{ID_HEADER, Kafka, KafkaConfigError};
+use idem::outbox::{self, Message, Relay};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message as _};
+use std::collections::HashMap;
+use std::time::Duration;
+
+const PARTITIONS: i32 = 6;
+
+fn admin(url: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", url)
+        .create()
+        .unwrap()
+}
+
+/// A topic of this test's own, with six partitions.
+async fn topic(url: &str, prefix: &str) -> String {
+    let name = unique(prefix);
+    let created = admin(url)
+        .create_topics(
+            &[NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for result in created {
+        result.unwrap_or_else(|(topic, e)| panic!("topic {topic} was not created: {e}"));
+    }
+    name
+}
+
+async fn drop_topic(url: &str, name: &str) {
+    let _ = admin(url)
+        .delete_topics(&[name], &AdminOptions::new())
+        .await;
+}
+
+/// One record as the consumer read it.
+#[derive(Debug, Clone)]
+struct Read {
+    partition: i32,
+    key: Option<String>,
+    payload: Vec<u8>,
+    headers: Vec<(String, String)>,
+    message_key: Result<String, String>,
+}
+
+/// Reads `n` records of `topic` from the start, in a group of its own.
+async fn read(url: &str, topic: &str, n: usize) -> Vec<Read> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", url)
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {n} records read in 30 s", got.len()))
+            .unwrap();
+        let headers = message.headers().map_or_else(Vec::new, |headers| {
+            headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        });
+        got.push(Read {
+            partition: message.partition(),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            payload: message.payload().unwrap_or_default().to_vec(),
+            headers,
+            message_key: outbox::kafka::message_key(&message)
+                .map(|k| k.as_str().to_owned())
+                .map_err(|e| e.to_string()),
+        });
+    }
+    got
+}
+
+/// Every message reaches the topic with its ordering key as the Kafka key (a key's messages
+/// on one partition, in the order staged), its id in `idem-message-id` and its headers; a
+/// re-publish (a relay that died after the acknowledgement) is kept by Kafka, and the next
+/// hop's inbox, keyed by the id, absorbs it.
+#[tokio::test]
+async fn kafka_keys_each_message_by_its_ordering_key_and_the_inbox_absorbs_a_republish() {
+    let Some(url) = kafka_url() else { return };
+    let name = topic(&url, "outbox").await;
+    let (url2, name2) = (url.clone(), name.clone());
+    cleanup_after(
+        async move {
+            let (url, name) = (url2, name2);
+            let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
+            idem::migrate(&pool).await.unwrap();
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            for i in 0..20 {
+                let message = Message::bytes(name.as_str(), format!("{i}"))
+                    .ordering_key(format!("order/{}", i % 4))
+                    .id(format!("m-{i}"))
+                    .header("x-test", "1");
+                outbox::stage(&mut tx, message).await.unwrap();
+            }
+            tx.commit().await.unwrap();
+            let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap());
+            let mut published = 0;
+            // One message per key per batch: four keys, five rounds.
+            for _ in 0..5 {
+                let round = relay.run_once().await.unwrap();
+                assert_eq!(round.failed, 0, "{round:?}");
+                published += round.published;
+            }
+            assert_eq!(published, 20);
+            let records = read(&url, &name, 20).await;
+            let mut partition_of: HashMap<String, i32> = HashMap::new();
+            let mut order: HashMap<String, Vec<usize>> = HashMap::new();
+            for record in &records {
+                let i: usize = String::from_utf8(record.payload.clone())
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let key = format!("order/{}", i % 4);
+                assert_eq!(record.key.as_deref(), Some(key.as_str()));
+                assert_eq!(record.message_key.as_deref(), Ok(format!("m-{i}").as_str()));
+                assert!(
+                    record.headers.contains(&("x-test".into(), "1".into())),
+                    "{:?}",
+                    record.headers
+                );
+                assert!(record.headers.iter().any(|(name, _)| name == ID_HEADER));
+                let partition = *partition_of.entry(key.clone()).or_insert(record.partition);
+                assert_eq!(partition, record.partition, "key {key} on two partitions");
+                order.entry(key).or_default().push(i);
+            }
+            for (key, seen) in order {
+                let mut staged = seen.clone();
+                staged.sort_unstable();
+                assert_eq!(seen, staged, "key {key} out of order");
+            }
+            // A relay that died after the acknowledgement, before its mark: the same
+            // messages again. Kafka keeps both copies.
+            sqlx::query("UPDATE idem_outbox SET published_at = NULL")
+                .execute(&pool)
+                .await
+                .unwrap();
+            let mut again = 0;
+            for _ in 0..5 {
+                again += relay.run_once().await.unwrap().published;
+            }
+            assert_eq!(again, 20);
+            let records = read(&url, &name, 40).await;
+            let inbox = Inbox::new("next-hop").unwrap();
+            let (mut processed, mut duplicates) = (0, 0);
+            for record in records {
+                let key = idem::inbox::MessageKey::message_id(record.message_key.unwrap()).unwrap();
+                let delivery = match inbox
+                    .receive::<_, ()>(&pool, &key, &record.payload)
+                    .await
+                    .unwrap()
+                {
+                    Received::New(receipt) => receipt.finish(Ok::<(), ()>(())).await.unwrap(),
+                    Received::Done(done) => done,
+                };
+                match delivery {
+                    Delivery::Processed(()) => processed += 1,
+                    Delivery::Duplicate { .. } => duplicates += 1,
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!((processed, duplicates), (20, 20));
+        },
+        async move || drop_topic(&url, &name).await,
+    )
+    .await;
+}
+
+/// A message over the producer's size limit fails every attempt, naming the size, and
+/// dies; another key's messages are published meanwhile, and the dead one holds back only
+/// its own key.
+#[tokio::test]
+async fn kafka_a_message_too_large_dies_and_holds_back_only_its_key() {
+    let Some(url) = kafka_url() else { return };
+    let name = topic(&url, "outbox-large").await;
+    let (url2, name2) = (url.clone(), name.clone());
+    cleanup_after(
+        async move {
+            let (url, name) = (url2, name2);
+            let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
+            idem::migrate(&pool).await.unwrap();
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            // Over librdkafka's `message.max.bytes` (1,000,000 by default).
+            let large = Message::bytes(name.as_str(), vec![b'x'; 2_000_000])
+                .ordering_key("large")
+                .id("large-0");
+            outbox::stage(&mut tx, large).await.unwrap();
+            let behind = Message::bytes(name.as_str(), "behind")
+                .ordering_key("large")
+                .id("large-1");
+            outbox::stage(&mut tx, behind).await.unwrap();
+            for i in 0..3 {
+                let small = Message::bytes(name.as_str(), format!("small-{i}"))
+                    .ordering_key("small")
+                    .id(format!("small-{i}"));
+                outbox::stage(&mut tx, small).await.unwrap();
+            }
+            tx.commit().await.unwrap();
+            let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1), Duration::from_millis(1));
+            let mut total = idem::outbox::Relayed::default();
+            for _ in 0..6 {
+                let round = relay.run_once().await.unwrap();
+                total.published += round.published;
+                total.failed += round.failed;
+                total.dead += round.dead;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Two failed attempts, the second its last.
+            assert_eq!(
+                (total.published, total.failed, total.dead),
+                (3, 2, 1),
+                "{total:?}"
+            );
+            let dead = outbox::dead(&pool, 10).await.unwrap();
+            assert_eq!(dead.len(), 1);
+            assert_eq!(dead[0].id, "large-0");
+            let error = dead[0].last_error.clone().unwrap_or_default();
+            assert!(
+                error.contains("too large") || error.contains("size"),
+                "{error}"
+            );
+            let backlog = outbox::backlog(&pool).await.unwrap();
+            assert_eq!((backlog.pending, backlog.dead), (2, 1), "{backlog:?}");
+            let records = read(&url, &name, 3).await;
+            let mut payloads: Vec<String> = records
+                .iter()
+                .map(|r| String::from_utf8(r.payload.clone()).unwrap())
+                .collect();
+            payloads.sort();
+            assert_eq!(payloads, ["small-0", "small-1", "small-2"]);
+        },
+        async move || drop_topic(&url, &name).await,
+    )
+    .await;
+}
+
+/// No broker answers: each attempt fails after the delivery timeout, nothing is marked, and
+/// the message waits for its next attempt.
+#[tokio::test]
+async fn kafka_a_broker_that_does_not_answer_holds_messages_back() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
+    idem::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    outbox::stage(&mut tx, Message::bytes("nowhere", "x").id("x-0"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", format!("127.0.0.1:{port}"))
+        .set("message.timeout.ms", "1000");
+    let relay = Relay::new(pool.clone(), Kafka::from_config(config).unwrap())
+        .backoff(Duration::from_millis(1), Duration::from_millis(1));
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(
+        (round.published, round.failed, round.dead),
+        (0, 1, 0),
+        "{round:?}"
+    );
+    let backlog = outbox::backlog(&pool).await.unwrap();
+    assert_eq!((backlog.pending, backlog.dead), (1, 0));
+}
+
+/// A configuration that turns off what the relay relies on is refused, naming the
+/// setting; idem's own settings are added to one that says nothing of them.
+#[test]
+fn kafka_refuses_a_producer_that_may_duplicate_or_lose() {
+    for (setting, value) in [("enable.idempotence", "false"), ("acks", "1")] {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set(setting, value);
+        match Kafka::from_config(config) {
+            Err(e @ KafkaConfigError::Unsafe { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains(&format!("`{setting}={value}`")),
+                    "{message}"
+                );
+            }
+            other => panic!("{setting}={value}: {other:?}"),
+        }
+    }
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", "127.0.0.1:9")
+        .set("acks", "-1")
+        .set("enable.idempotence", "true");
+    assert!(Kafka::from_config(config).is_ok());
+}
+
+/// Two relays at once publish while writers stage, from PostgreSQL: every message reaches
+/// the topic, each key's in the order staged, each key on one partition.
+#[tokio::test]
+async fn kafka_two_relays_deliver_each_key_in_order() {
+    let Some(url) = kafka_url() else { return };
+    let Some(pool) = common::postgres(&format!("outbox_kafka_{}", common::next_id()), 8).await
+    else {
+        return;
+    };
+    idem::migrate(&pool).await.unwrap();
+    let name = topic(&url, "outbox-order").await;
+    let (url2, name2) = (url.clone(), name.clone());
+    cleanup_after(
+        async move {
+            let (url, name) = (url2, name2);
+            const KEYS: usize = 8;
+            const PER_KEY: usize = 25;
+            let writers: Vec<_> = (0..KEYS)
+                .map(|k| {
+                    let (pool, name) = (pool.clone(), name.clone());
+                    tokio::spawn(async move {
+                        for i in 0..PER_KEY {
+                            let mut tx = pool.begin().await.unwrap();
+                            let id = format!("k{k}-{i:02}");
+                            let message = Message::bytes(name.as_str(), id.clone())
+                                .ordering_key(format!("k{k}"))
+                                .id(id);
+                            outbox::stage(&mut tx, message).await.unwrap();
+                            tx.commit().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let relays: Vec<_> = (0..2)
+                .map(|_| {
+                    Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
+                        .batch_size(5)
+                        .poll_interval(Duration::from_millis(10))
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for writer in writers {
+                writer.await.unwrap();
+            }
+            let pending = poll_until(
+                Duration::from_secs(60),
+                || async { outbox::backlog(&pool).await.unwrap().pending },
+                |pending| *pending == 0,
+            )
+            .await;
+            assert_eq!(pending, 0);
+            for relay in relays {
+                relay.stop().await;
+            }
+            let mut per_key: HashMap<String, (i32, Vec<String>)> = HashMap::new();
+            for record in read(&url, &name, KEYS * PER_KEY).await {
+                let id = String::from_utf8(record.payload).unwrap();
+                let key = id.split('-').next().unwrap().to_owned();
+                let entry = per_key
+                    .entry(key.clone())
+                    .or_insert((record.partition, Vec::new()));
+                assert_eq!(entry.0, record.partition, "key {key} on two partitions");
+                entry.1.push(id);
+            }
+            assert_eq!(per_key.len(), KEYS);
+            for (key, (_, seen)) in per_key {
+                let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
+                assert_eq!(
+                    seen, expected,
+                    "key {key} reached the consumer out of order"
+                );
+            }
+        },
+        async move || drop_topic(&url, &name).await,
+    )
+    .await;
+}
