@@ -6,7 +6,7 @@
 //!    `synchronous = FULL`), PostgreSQL (with its NOTIFY, and without: `set_notify(false)`)
 //!    and MariaDB.
 //! 2. **Relaying.** Draining 5,000 staged messages (1,000 ordering keys, five each) to NATS
-//!    JetStream and to RabbitMQ with idem's relay, against a relay loop written by hand on the
+//!    JetStream, to RabbitMQ and to Kafka (a topic of 6 partitions) with idem's relay, against a relay loop written by hand on the
 //!    same table (`SELECT … ORDER BY seq LIMIT 100 FOR UPDATE SKIP LOCKED`, publish the batch,
 //!    await its acknowledgements, one `UPDATE` marking it — PostgreSQL: `seq = ANY($1)`,
 //!    MariaDB: the `seq`s written into an `IN` list —, `COMMIT`), same batch size, same
@@ -34,7 +34,8 @@
 //! IDEM_BENCH_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
 //! IDEM_BENCH_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
 //! IDEM_BENCH_NATS_URL=nats://127.0.0.1:4222 \
-//! IDEM_BENCH_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f cargo bench -p idem --bench outbox
+//! IDEM_BENCH_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
+//! IDEM_BENCH_KAFKA_URL=127.0.0.1:9092 cargo bench -p idem --bench outbox
 //! ```
 //!
 //! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
@@ -272,6 +273,14 @@ enum Broker {
     /// The channel the by-hand publishes use, idem's publisher (channels of its own on the
     /// same connection), and the queue.
     Rabbit(lapin::Channel, outbox::rabbitmq::Rabbit, String),
+    /// The producer the by-hand publishes use (idempotent, `acks=all`, as idem's), idem's
+    /// publisher (a producer of its own), the topic and the bootstrap servers.
+    Kafka(
+        rdkafka::producer::FutureProducer,
+        outbox::kafka::Kafka,
+        String,
+        String,
+    ),
 }
 
 impl Broker {
@@ -279,6 +288,7 @@ impl Broker {
         match self {
             Broker::Nats(..) => "NATS JetStream",
             Broker::Rabbit(..) => "RabbitMQ",
+            Broker::Kafka(..) => "Kafka",
         }
     }
 
@@ -287,6 +297,7 @@ impl Broker {
         match self {
             Broker::Nats(_, stream) => outbox::Destination::subject(format!("{stream}.m")),
             Broker::Rabbit(_, _, queue) => outbox::Destination::exchange("", queue.as_str()),
+            Broker::Kafka(_, _, topic, _) => outbox::Destination::subject(topic.as_str()),
         }
     }
 
@@ -330,6 +341,26 @@ impl Broker {
                 ));
                 confirms.await;
             }
+            // Keyed by the id (the loop by hand keeps no per-key order), the id in the
+            // header idem uses; every delivery report awaited.
+            Broker::Kafka(producer, ..) => {
+                let reports = join_all(batch.iter().map(|(id, topic, _, payload)| async move {
+                    let headers =
+                        rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                            key: outbox::kafka::ID_HEADER,
+                            value: Some(id.as_bytes()),
+                        });
+                    let record = rdkafka::producer::FutureRecord::to(topic)
+                        .key(id)
+                        .payload(payload)
+                        .headers(headers);
+                    producer
+                        .send(record, rdkafka::util::Timeout::After(Duration::ZERO))
+                        .await
+                        .unwrap();
+                }));
+                reports.await;
+            }
         }
     }
 }
@@ -343,6 +374,7 @@ impl Publisher for Broker {
                     .await
             }
             Broker::Rabbit(_, rabbit, _) => rabbit.publish(message).await,
+            Broker::Kafka(_, kafka, ..) => kafka.publish(message).await,
         }
     }
 }
@@ -695,6 +727,36 @@ async fn brokers() -> Vec<Broker> {
         let rabbit = outbox::rabbitmq::Rabbit::new(connection);
         brokers.push(Broker::Rabbit(channel, rabbit, queue));
     }
+    if let Some(url) = url("IDEM_BENCH_KAFKA_URL") {
+        let topic = format!("idem-bench-outbox-{}", std::process::id());
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &url)
+                .create()
+                .unwrap();
+        let created = admin
+            .create_topics(
+                &[rdkafka::admin::NewTopic::new(
+                    &topic,
+                    6,
+                    rdkafka::admin::TopicReplication::Fixed(1),
+                )],
+                &rdkafka::admin::AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        for result in created {
+            result.unwrap();
+        }
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &url)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()
+            .unwrap();
+        let kafka = outbox::kafka::Kafka::connect(&url).unwrap();
+        brokers.push(Broker::Kafka(producer, kafka, topic, url));
+    }
     brokers
 }
 
@@ -710,6 +772,16 @@ async fn cleanup(brokers: &[Broker]) {
                         queue.as_str().into(),
                         lapin::options::QueueDeleteOptions::default(),
                     )
+                    .await;
+            }
+            Broker::Kafka(_, _, topic, url) => {
+                let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+                    rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", url)
+                        .create()
+                        .unwrap();
+                let _ = admin
+                    .delete_topics(&[topic.as_str()], &rdkafka::admin::AdminOptions::new())
                     .await;
             }
         }

@@ -52,6 +52,7 @@ mod http_crashes;
 mod http_optimistic;
 mod http_stacks;
 mod inbox;
+mod inbox_kafka;
 mod key_lengths;
 mod keys;
 mod migrations;

@@ -22,6 +22,8 @@ mod clock;
 mod counters;
 pub(crate) mod delivery;
 mod gather;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod key;
 mod leased;
 pub mod partitions;
