@@ -51,9 +51,12 @@ async fn drop_topic(url: &str, name: &str) {
 
 /// Produces `(key, id, payload)` records; an id of `None` sends no `idem-message-id`.
 async fn produce(url: &str, topic: &str, records: &[(String, Option<String>, String)]) {
+    // Not idempotent: the copies the tests need are sent on purpose, and a send that
+    // fails fails the test.
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", url)
-        .set("enable.idempotence", "true")
+        .set("enable.idempotence", "false")
+        .set("acks", "all")
         .create()
         .unwrap();
     for (key, id, payload) in records {
@@ -374,4 +377,197 @@ fn kafka_consumer_refuses_auto_commit_and_a_missing_group() {
     let refused = KafkaConsumer::new(config, &["t"], Inbox::new("g").unwrap()).unwrap_err();
     assert!(matches!(refused, KafkaConsumerError::NoGroup));
     let _ = KeyFrom::Position;
+}
+
+/// The member of [`kafka_members_killed_and_joining_apply_each_message_once`], as a child
+/// process: consumes until the parent kills it, recording after each round how many of its
+/// deliveries were applied and how many absorbed; killed after its `IDEM_CRASH_NTH`-th
+/// database commit, before that round's offsets are committed, if asked.
+#[test]
+#[ignore = "the child process of the Kafka members test, which runs it"]
+fn kafka_member_child() {
+    let Ok(url) = std::env::var("IDEM_KAFKA_MEMBER_DB") else {
+        eprintln!("kafka_member_child runs only as the child of the Kafka members test");
+        return;
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    if let Ok(nth) = std::env::var("IDEM_CRASH_NTH") {
+        crate::child::stop_at_nth(idem::fault::FaultPoint::Committed, nth.parse().unwrap());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap();
+        let consumer = KafkaConsumer::new(
+            member_config(&kafka_url().unwrap(), &var("IDEM_KAFKA_MEMBER_GROUP")),
+            &[&var("IDEM_KAFKA_MEMBER_TOPIC")],
+            Inbox::new("kafka-members").unwrap(),
+        )
+        .unwrap()
+        .batch(50, Duration::from_millis(100));
+        crate::child::report("ready");
+        loop {
+            let next = consumer.next(&pool, |tx, record| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO kafka_effects (id, payload) VALUES ($1, '')")
+                        .bind(record.key().as_str())
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+            });
+            let round = next.await.unwrap();
+            let applied = round
+                .settled
+                .iter()
+                .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(()))))
+                .count() as i64;
+            let absorbed = round
+                .settled
+                .iter()
+                .filter(|(_, s)| matches!(s, Ok(Delivery::Duplicate { .. })))
+                .count() as i64;
+            sqlx::query("INSERT INTO kafka_reads (applied, absorbed) VALUES ($1, $2)")
+                .bind(applied)
+                .bind(absorbed)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    });
+}
+
+/// 1,000 messages, each sent one to three times, on six partitions, consumed by a group of
+/// three member processes; one is SIGKILLed after a batch's database commit and before its
+/// offsets' commit, and a fourth joins later: two rebalances at least. Every message is
+/// applied exactly once, every partition's offset ends committed at its end, and the killed
+/// member's last batch was really read again (its messages answered as duplicates by the
+/// members that took its partitions over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_members_killed_and_joining_apply_each_message_once() {
+    let Some(kafka) = kafka_url() else { return };
+    let name = format!("kafka_members_{}", common::next_id());
+    let Some(pool) = common::postgres(&name, 4).await else {
+        return;
+    };
+    let database = {
+        let url = common::postgres_url().unwrap();
+        let join = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{join}options=-c%20search_path%3Didem_test_{name}")
+    };
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE kafka_effects (id TEXT NOT NULL, payload TEXT NOT NULL);
+         CREATE TABLE kafka_reads (applied BIGINT NOT NULL, absorbed BIGINT NOT NULL);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let topic = topic(&kafka, "inbox-members").await;
+    let (kafka2, topic2) = (kafka.clone(), topic.clone());
+    cleanup_after(
+        async move {
+            let (kafka, topic) = (kafka2, topic2);
+            const MESSAGES: i64 = 1000;
+            let mut records = Vec::new();
+            for i in 0..MESSAGES {
+                for _ in 0..(1 + i % 3) {
+                    records.push((format!("k{}", i % 50), Some(format!("m-{i}")), format!("{i}")));
+                }
+            }
+            produce(&kafka, &topic, &records).await;
+            let group = unique("members");
+            let spawn = |crash: Option<u64>| {
+                let mut env = vec![
+                    ("IDEM_KAFKA_MEMBER_DB", database.clone()),
+                    ("IDEM_KAFKA_MEMBER_GROUP", group.clone()),
+                    ("IDEM_KAFKA_MEMBER_TOPIC", topic.clone()),
+                ];
+                if let Some(nth) = crash {
+                    env.push(("IDEM_CRASH_NTH", nth.to_string()));
+                }
+                crate::child::ChildProcess::spawn(
+                    "inbox_kafka::kafka_member_child",
+                    &env,
+                    &["IDEM_CRASH_NTH"],
+                )
+            };
+            let mut doomed = spawn(Some(4));
+            doomed.step("ready").await;
+            let mut members = vec![spawn(None), spawn(None)];
+            for member in &mut members {
+                member.step("ready").await;
+            }
+            let step = tokio::time::timeout(Duration::from_secs(60), doomed.step("crash-point"))
+                .await
+                .expect("the doomed member reached its fourth commit");
+            assert_eq!(step, "crash-point committed");
+            doomed.kill();
+            // A fourth member joins later.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut late = spawn(None);
+            late.step("ready").await;
+            members.push(late);
+            // Done once every message is applied and every offset committed to its end
+            // (the killed member's partitions wait for its session to time out first).
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let (applied,): (i64,) =
+                    sqlx::query_as("SELECT COUNT(DISTINCT id) FROM kafka_effects")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                let (kafka3, group3, topic3) = (kafka.clone(), group.clone(), topic.clone());
+                let offsets = tokio::task::spawn_blocking(move || offsets(&kafka3, &group3, &topic3))
+                    .await
+                    .unwrap();
+                if applied == MESSAGES && offsets.iter().all(|(c, e)| c == e) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "after 120 s: {applied} applied, offsets {offsets:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            for mut member in members {
+                member.kill();
+            }
+            let (rows, distinct): (i64, i64) =
+                sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT id) FROM kafka_effects")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!((rows, distinct), (MESSAGES, MESSAGES), "each message applied once");
+            let (applied, absorbed): (i64, i64) = sqlx::query_as(
+                "SELECT COALESCE(SUM(applied), 0)::BIGINT, COALESCE(SUM(absorbed), 0)::BIGINT FROM kafka_reads",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            // The killed member applied messages whose offsets it never committed: the
+            // surviving members read them again, as duplicates.
+            assert!(
+                applied < MESSAGES,
+                "the survivors applied {applied}: none of the killed member's batch was read again"
+            );
+            assert!(
+                applied + absorbed >= records.len() as i64,
+                "{applied} applied and {absorbed} absorbed of {} records",
+                records.len()
+            );
+            for (committed, end) in offsets(&kafka, &group, &topic) {
+                assert_eq!(committed, end, "a partition's offset was not committed to its end");
+            }
+        },
+        async move || drop_topic(&kafka, &topic).await,
+    )
+    .await;
 }

@@ -6,9 +6,10 @@ use super::{IncomingKeyError, Outgoing, PublishError, Published, Publisher};
 use crate::inbox::MessageKey;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The header the relay sets to the message's id: Kafka has no message id of its own.
@@ -41,6 +42,11 @@ const DELIVERY_TIMEOUT_MS: &str = "9000";
 ///
 /// The routing key has no meaning in Kafka and is not used.
 ///
+/// An idempotent producer that meets a fatal error (the broker lost its producer state, a
+/// sequence it cannot accept) refuses every later message: the publisher then makes a new
+/// producer from the same configuration, under a new producer id, and the failed message is
+/// tried again on the relay's next attempt.
+///
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
 /// let kafka = idem::outbox::kafka::Kafka::connect("127.0.0.1:9092")?;
@@ -49,7 +55,8 @@ const DELIVERY_TIMEOUT_MS: &str = "9000";
 /// ```
 #[derive(Clone)]
 pub struct Kafka {
-    producer: FutureProducer,
+    config: ClientConfig,
+    producer: Arc<Mutex<FutureProducer>>,
 }
 
 impl fmt::Debug for Kafka {
@@ -92,7 +99,39 @@ impl Kafka {
             config.set("message.timeout.ms", DELIVERY_TIMEOUT_MS);
         }
         let producer = config.create().map_err(KafkaConfigError::Client)?;
-        Ok(Kafka { producer })
+        Ok(Kafka {
+            config,
+            producer: Arc::new(Mutex::new(producer)),
+        })
+    }
+
+    /// The producer to send with (a clone shares its instance).
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces `failed` with a new producer if it is still the current one and it met a
+    /// fatal error.
+    fn renew_if_fatal(&self, failed: &FutureProducer) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut current = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        if !std::ptr::eq(current.client().native_ptr(), failed.client().native_ptr()) {
+            return; // another publish renewed it already
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => {
+                tracing::warn!(%code, %reason, "idem: the Kafka producer met a fatal error; a new one takes over");
+                *current = fresh;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: the Kafka producer met a fatal error and no new one could be made");
+            }
+        }
     }
 }
 
@@ -115,13 +154,13 @@ impl Publisher for Kafka {
             .headers(headers);
         // Queued at once (a full local queue is an error, not a wait), then the delivery
         // report: the broker's acknowledgement, or why it never came.
-        match self
-            .producer
-            .send(record, Timeout::After(Duration::ZERO))
-            .await
-        {
+        let producer = self.producer();
+        match producer.send(record, Timeout::After(Duration::ZERO)).await {
             Ok(_) => Ok(Published::Acked),
-            Err((e, _)) => Err(Box::new(e)),
+            Err((e, _)) => {
+                self.renew_if_fatal(&producer);
+                Err(Box::new(e))
+            }
         }
     }
 }
