@@ -283,6 +283,67 @@ async fn kafka_a_poison_message_and_one_without_a_key_are_parked_and_the_partiti
     .await;
 }
 
+/// A round whose database fails (here: its pool is closed) is an `Err`, and its messages,
+/// polled but neither applied nor committed, are read again by the next round: none is
+/// passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_failed_round_reads_its_messages_again() {
+    let Some(url) = kafka_url() else { return };
+    let name = topic(&url, "inbox-failed-round").await;
+    let (url2, name2) = (url.clone(), name.clone());
+    cleanup_after(
+        async move {
+            let (url, name) = (url2, name2);
+            let records: Vec<_> = (0..20)
+                .map(|i| {
+                    (
+                        format!("k{}", i % 4),
+                        Some(format!("m-{i}")),
+                        format!("{i}"),
+                    )
+                })
+                .collect();
+            produce(&url, &name, &records).await;
+            let pool = ledger("inbox-kafka-failed-round").await;
+            let closed =
+                common::sqlite_file(&format!("inbox-kafka-closed-{}", common::next_id()), 1).await;
+            closed.close().await;
+            let consumer = KafkaConsumer::new(
+                member_config(&url, &unique("group")),
+                &[&name],
+                Inbox::new("kafka-failed-round").unwrap(),
+            )
+            .unwrap()
+            .batch(50, Duration::from_millis(500));
+            let failed = consumer
+                .next(&closed, |_, _| Box::pin(async { Ok::<(), String>(()) }))
+                .await;
+            assert!(
+                matches!(failed, Err(idem::inbox::kafka::KafkaRoundError::Inbox(_))),
+                "{failed:?}"
+            );
+            let applied = tokio::time::timeout(Duration::from_secs(30), async {
+                let mut applied = 0;
+                while applied < 20 {
+                    let round = round(&consumer, &pool, Duration::ZERO).await;
+                    applied += round
+                        .settled
+                        .iter()
+                        .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(()))))
+                        .count();
+                }
+                applied
+            })
+            .await
+            .expect("the failed round's messages were passed over");
+            assert_eq!(applied, 20);
+            assert_eq!(effects(&pool).await, (20, 20));
+        },
+        async move || drop_topic(&url, &name).await,
+    )
+    .await;
+}
+
 /// A second member joins while the first is consuming: the partitions are split between
 /// them (a rebalance), each resumes where the other's commits left off, and every message
 /// is applied once; messages really were read twice somewhere, or not, but never applied

@@ -375,9 +375,14 @@ impl KafkaConsumer {
     /// One round: waits for a message, takes what comes within the batch's wait (at most its
     /// size), runs each partition's messages as one [`Inbox::batch`] with `handler`, then
     /// commits each partition's next offset, or seeks back to its first message that needs
-    /// another delivery. An `Err` is a failure of the database or of Kafka: what it left
-    /// uncommitted to Kafka is read again (after a restart, or by the partition's next
-    /// owner), and absorbed where the database committed it.
+    /// another delivery. An `Err` is a failure of the database or of Kafka: the partitions
+    /// the round did not commit are read again from their first message (sought back), and
+    /// what the database committed of them is absorbed.
+    ///
+    /// Do not cancel a round (a `select!` or a timeout around it): dropped half way, it
+    /// leaves messages polled but neither applied nor committed, and a later round's commit
+    /// would pass over them. Drop the consumer instead: its partitions are read again from
+    /// their committed offsets by whoever owns them next.
     pub async fn next<DB, T, E, F>(
         &self,
         pool: &Pool<DB>,
@@ -413,8 +418,69 @@ impl KafkaConsumer {
             committed: Vec::new(),
             lost: Vec::new(),
         };
-        for ((topic, partition), (epoch, mut records)) in partitions {
+        let mut partitions: Vec<_> = partitions.into_iter().collect();
+        for (_, (_, records)) in &mut partitions {
             records.sort_by_key(|r| r.message.offset());
+        }
+        let mut pending = partitions.into_iter();
+        while let Some(((topic, partition), (epoch, records))) = pending.next() {
+            match self
+                .partition(
+                    pool,
+                    &mut handler,
+                    &topic,
+                    partition,
+                    epoch,
+                    records,
+                    &mut round,
+                )
+                .await
+            {
+                Ok(()) => {}
+                Err((e, first)) => {
+                    // Polled and not committed: read again from the first, here and in the
+                    // round's partitions not run yet, or a later round's commit would pass
+                    // over them.
+                    self.rewind(&topic, partition, first).await;
+                    for ((topic, partition), (_, records)) in pending {
+                        if let Some(record) = records.first() {
+                            self.rewind(&topic, partition, record.message.offset())
+                                .await;
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(round)
+    }
+
+    /// Runs one partition's messages of a round and commits its offset; on a failure, the
+    /// error and the partition's first offset, to read again from.
+    #[allow(clippy::too_many_arguments)]
+    async fn partition<DB, T, E, F>(
+        &self,
+        pool: &Pool<DB>,
+        handler: &mut F,
+        topic: &str,
+        partition: i32,
+        epoch: Option<u64>,
+        records: Vec<KafkaRecord>,
+        round: &mut KafkaRound<T, E>,
+    ) -> Result<(), (KafkaRoundError, i64)>
+    where
+        DB: Backend,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+        F: for<'t> FnMut(
+                &'t mut Transaction<'static, DB>,
+                &'t KafkaRecord,
+            ) -> BatchFuture<'t, T, E>
+            + Send,
+    {
+        let first = records.first().map_or(0, |r| r.message.offset());
+        let failed = |e: KafkaRoundError| (e, first);
+        {
             let settled = self
                 .inbox
                 .batch(pool, &records, |tx, record| match &record.unkeyed {
@@ -427,7 +493,8 @@ impl KafkaConsumer {
                         Box::pin(async move { run.await.map_err(KafkaHandlerError::Handler) })
                     }
                 })
-                .await?;
+                .await
+                .map_err(|e| failed(e.into()))?;
             // The next offset to read: past every message settled for good, up to the first
             // that needs another delivery.
             let again = records
@@ -438,25 +505,31 @@ impl KafkaConsumer {
             let last = records.last().map_or(0, |r| r.message.offset());
             let next = again.unwrap_or(last + 1);
             let still_owned =
-                epoch.is_some() && self.tracker().owned_since(&topic, partition) == epoch;
+                epoch.is_some() && self.tracker().owned_since(topic, partition) == epoch;
             if !still_owned {
-                round.lost.push((topic.clone(), partition));
-            } else if self.commit(&topic, partition, next).await? {
+                round.lost.push((topic.to_owned(), partition));
+            } else if self
+                .commit(topic, partition, next)
+                .await
+                .map_err(|e| failed(e.into()))?
+            {
                 round.committed.push(Position {
-                    topic: topic.clone(),
+                    topic: topic.to_owned(),
                     partition,
                     offset: next,
                 });
                 if let Some(offset) = again {
-                    self.seek(&topic, partition, offset).await?;
+                    self.seek(topic, partition, offset)
+                        .await
+                        .map_err(|e| (e.into(), offset))?;
                 }
             } else {
-                round.lost.push((topic.clone(), partition));
+                round.lost.push((topic.to_owned(), partition));
             }
             for (record, settled) in records.into_iter().zip(settled) {
                 round.settled.push((
                     Position {
-                        topic: topic.clone(),
+                        topic: topic.to_owned(),
                         partition,
                         offset: record.message.offset(),
                     },
@@ -464,7 +537,22 @@ impl KafkaConsumer {
                 ));
             }
         }
-        Ok(round)
+        Ok(())
+    }
+
+    /// Reads `partition` again from `offset` after a failed round, as far as Kafka lets it
+    /// (a partition lost meanwhile is its next owner's, from the committed offset).
+    async fn rewind(&self, topic: &str, partition: i32, offset: i64) {
+        if let Err(e) = self.seek(topic, partition, offset).await {
+            tracing::warn!(
+                topic,
+                partition,
+                offset,
+                error = %e,
+                "idem: a Kafka partition could not be read again after a failed round; \
+                 drop this consumer, its partitions resume at their committed offsets"
+            );
+        }
     }
 
     fn tracker(&self) -> &Tracker {
@@ -479,8 +567,9 @@ impl KafkaConsumer {
         while polled.len() < self.max {
             match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
                 Ok(Ok(message)) => polled.push(self.read(message.detach())),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => break,
+                // What was polled is run and committed first; the error comes back on the
+                // next poll if it lasts.
+                Ok(Err(_)) | Err(_) => break,
             }
         }
         Ok(polled)
