@@ -379,10 +379,11 @@ impl KafkaConsumer {
     /// the round did not commit are read again from their first message (sought back), and
     /// what the database committed of them is absorbed.
     ///
-    /// Do not cancel a round (a `select!` or a timeout around it): dropped half way, it
-    /// leaves messages polled but neither applied nor committed, and a later round's commit
-    /// would pass over them. Drop the consumer instead: its partitions are read again from
-    /// their committed offsets by whoever owns them next.
+    /// Do not cancel a round once a message came (a `select!` or a timeout around it):
+    /// dropped half way, it leaves messages polled but neither applied nor committed, and a
+    /// later round's commit would pass over them. Cancelling it while it still waits for
+    /// its first message is safe (nothing was polled); otherwise drop the consumer with it:
+    /// its partitions are read again from their committed offsets by whoever owns them next.
     pub async fn next<DB, T, E, F>(
         &self,
         pool: &Pool<DB>,
