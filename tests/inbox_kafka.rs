@@ -4,13 +4,11 @@
 //! between two members losing and doubling nothing, and a configuration with auto-commit
 //! refused.
 
-use crate::brokers::{cleanup_after, kafka_url, unique};
+use crate::brokers::{KAFKA_PARTITIONS, kafka_url, unique, with_kafka_topic};
 use crate::common;
 
 use idem::inbox::kafka::{KafkaConsumer, KafkaConsumerError, KafkaHandlerError, KeyFrom};
 use idem::inbox::{Delivery, Inbox};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -18,36 +16,6 @@ use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-const PARTITIONS: i32 = 6;
-
-fn admin(url: &str) -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", url)
-        .create()
-        .unwrap()
-}
-
-async fn topic(url: &str, prefix: &str) -> String {
-    let name = unique(prefix);
-    for result in admin(url)
-        .create_topics(
-            &[NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap()
-    {
-        result.unwrap_or_else(|(topic, e)| panic!("topic {topic} was not created: {e}"));
-    }
-    name
-}
-
-async fn drop_topic(url: &str, name: &str) {
-    let _ = admin(url)
-        .delete_topics(&[name], &AdminOptions::new())
-        .await;
-}
 
 /// Produces `(key, id, payload)` records; an id of `None` sends no `idem-message-id`.
 async fn produce(url: &str, topic: &str, records: &[(String, Option<String>, String)]) {
@@ -88,13 +56,13 @@ fn member_config(url: &str, group: &str) -> ClientConfig {
 fn offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
     let consumer: BaseConsumer = member_config(url, group).create().unwrap();
     let mut list = TopicPartitionList::new();
-    for partition in 0..PARTITIONS {
+    for partition in 0..KAFKA_PARTITIONS {
         list.add_partition(topic, partition);
     }
     let committed = consumer
         .committed_offsets(list, Duration::from_secs(10))
         .unwrap();
-    (0..PARTITIONS)
+    (0..KAFKA_PARTITIONS)
         .map(|partition| {
             let committed = match committed.find_partition(topic, partition).unwrap().offset() {
                 Offset::Offset(n) => n,
@@ -160,55 +128,48 @@ async fn effects(pool: &sqlx::SqlitePool) -> (i64, i64) {
 /// the end every partition's committed offset is its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_copies_are_absorbed_and_offsets_follow_the_database() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "inbox").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            let mut records = Vec::new();
-            for i in 0..60 {
-                for _ in 0..(1 + i % 3) {
-                    records.push((
-                        format!("k{}", i % 10),
-                        Some(format!("m-{i}")),
-                        format!("{i}"),
-                    ));
+    with_kafka_topic("inbox", |url, name| async move {
+        let mut records = Vec::new();
+        for i in 0..60 {
+            for _ in 0..(1 + i % 3) {
+                records.push((
+                    format!("k{}", i % 10),
+                    Some(format!("m-{i}")),
+                    format!("{i}"),
+                ));
+            }
+        }
+        produce(&url, &name, &records).await;
+        let pool = ledger("inbox-kafka").await;
+        let group = unique("group");
+        let consumer = KafkaConsumer::new(
+            member_config(&url, &group),
+            &[&name],
+            Inbox::new("kafka-copies").unwrap(),
+        )
+        .unwrap()
+        .batch(50, Duration::from_millis(200));
+        let (mut processed, mut duplicates) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while processed + duplicates < records.len() && Instant::now() < deadline {
+            let round = round(&consumer, &pool, Duration::ZERO).await;
+            for (_, settled) in round.settled {
+                match settled {
+                    Ok(Delivery::Processed(())) => processed += 1,
+                    Ok(Delivery::Duplicate { .. }) => duplicates += 1,
+                    other => panic!("{other:?}"),
                 }
             }
-            produce(&url, &name, &records).await;
-            let pool = ledger("inbox-kafka").await;
-            let group = unique("group");
-            let consumer = KafkaConsumer::new(
-                member_config(&url, &group),
-                &[&name],
-                Inbox::new("kafka-copies").unwrap(),
-            )
-            .unwrap()
-            .batch(50, Duration::from_millis(200));
-            let (mut processed, mut duplicates) = (0, 0);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while processed + duplicates < records.len() && Instant::now() < deadline {
-                let round = round(&consumer, &pool, Duration::ZERO).await;
-                for (_, settled) in round.settled {
-                    match settled {
-                        Ok(Delivery::Processed(())) => processed += 1,
-                        Ok(Delivery::Duplicate { .. }) => duplicates += 1,
-                        other => panic!("{other:?}"),
-                    }
-                }
-            }
-            assert_eq!((processed, duplicates), (60, records.len() - 60));
-            assert_eq!(effects(&pool).await, (60, 60));
-            for (committed, end) in offsets(&url, &group, &name) {
-                assert_eq!(
-                    committed, end,
-                    "a partition's offset was not committed to its end"
-                );
-            }
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+        }
+        assert_eq!((processed, duplicates), (60, records.len() - 60));
+        assert_eq!(effects(&pool).await, (60, 60));
+        for (committed, end) in offsets(&url, &group, &name) {
+            assert_eq!(
+                committed, end,
+                "a partition's offset was not committed to its end"
+            );
+        }
+    })
     .await;
 }
 
@@ -217,69 +178,62 @@ async fn kafka_copies_are_absorbed_and_offsets_follow_the_database() {
 /// goes past it. A message with no id is parked under its position, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_a_poison_message_and_one_without_a_key_are_parked_and_the_partition_moves_on() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "inbox-poison").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            // One key: one partition, in this order.
-            let records = vec![
-                ("one".to_owned(), Some("a".to_owned()), "a".to_owned()),
-                ("one".to_owned(), Some("p".to_owned()), "poison".to_owned()),
-                ("one".to_owned(), None, "unkeyed".to_owned()),
-                ("one".to_owned(), Some("b".to_owned()), "b".to_owned()),
-            ];
-            produce(&url, &name, &records).await;
-            let pool = ledger("inbox-kafka-poison").await;
-            let group = unique("group");
-            let consumer = KafkaConsumer::new(
-                member_config(&url, &group),
-                &[&name],
-                Inbox::new("kafka-poison").unwrap().max_attempts(3),
-            )
-            .unwrap()
-            .batch(10, Duration::from_millis(200));
-            let mut dead: HashMap<String, String> = HashMap::new();
-            let mut failures = 0;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while dead.len() < 2 && Instant::now() < deadline {
-                for (position, settled) in round(&consumer, &pool, Duration::ZERO).await.settled {
-                    match settled {
-                        Ok(Delivery::Dead { last_error, .. }) => {
-                            dead.insert(position.to_string(), last_error.unwrap_or_default());
-                        }
-                        Err(idem::Error::Handler(KafkaHandlerError::Handler(_)))
-                        | Err(idem::Error::Handler(KafkaHandlerError::NoKey(_))) => failures += 1,
-                        _ => {}
+    with_kafka_topic("inbox-poison", |url, name| async move {
+        // One key: one partition, in this order.
+        let records = vec![
+            ("one".to_owned(), Some("a".to_owned()), "a".to_owned()),
+            ("one".to_owned(), Some("p".to_owned()), "poison".to_owned()),
+            ("one".to_owned(), None, "unkeyed".to_owned()),
+            ("one".to_owned(), Some("b".to_owned()), "b".to_owned()),
+        ];
+        produce(&url, &name, &records).await;
+        let pool = ledger("inbox-kafka-poison").await;
+        let group = unique("group");
+        let consumer = KafkaConsumer::new(
+            member_config(&url, &group),
+            &[&name],
+            Inbox::new("kafka-poison").unwrap().max_attempts(3),
+        )
+        .unwrap()
+        .batch(10, Duration::from_millis(200));
+        let mut dead: HashMap<String, String> = HashMap::new();
+        let mut failures = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while dead.len() < 2 && Instant::now() < deadline {
+            for (position, settled) in round(&consumer, &pool, Duration::ZERO).await.settled {
+                match settled {
+                    Ok(Delivery::Dead { last_error, .. }) => {
+                        dead.insert(position.to_string(), last_error.unwrap_or_default());
                     }
+                    Err(idem::Error::Handler(KafkaHandlerError::Handler(_)))
+                    | Err(idem::Error::Handler(KafkaHandlerError::NoKey(_))) => failures += 1,
+                    _ => {}
                 }
             }
-            assert_eq!(dead.len(), 2, "{dead:?}");
-            let errors: Vec<&String> = dead.values().collect();
-            assert!(
-                errors.iter().any(|e| e.contains("refused poison")),
-                "{errors:?}"
-            );
-            assert!(
-                errors.iter().any(|e| e.contains("idem-message-id")),
-                "{errors:?}"
-            );
-            assert!(
-                dead.keys().any(|p| p.starts_with(&format!("{name}/"))),
-                "parked under its position: {dead:?}"
-            );
-            // Two attempts of each failed before the third parked it.
-            assert!(failures >= 4, "{failures} failed attempts");
-            assert_eq!(effects(&pool).await, (2, 2), "a and b, once each");
-            let offsets = offsets(&url, &group, &name);
-            assert!(
-                offsets.iter().all(|(committed, end)| committed == end),
-                "{offsets:?}"
-            );
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+        }
+        assert_eq!(dead.len(), 2, "{dead:?}");
+        let errors: Vec<&String> = dead.values().collect();
+        assert!(
+            errors.iter().any(|e| e.contains("refused poison")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.contains("idem-message-id")),
+            "{errors:?}"
+        );
+        assert!(
+            dead.keys().any(|p| p.starts_with(&format!("{name}/"))),
+            "parked under its position: {dead:?}"
+        );
+        // Two attempts of each failed before the third parked it.
+        assert!(failures >= 4, "{failures} failed attempts");
+        assert_eq!(effects(&pool).await, (2, 2), "a and b, once each");
+        let offsets = offsets(&url, &group, &name);
+        assert!(
+            offsets.iter().all(|(committed, end)| committed == end),
+            "{offsets:?}"
+        );
+    })
     .await;
 }
 
@@ -288,59 +242,52 @@ async fn kafka_a_poison_message_and_one_without_a_key_are_parked_and_the_partiti
 /// passed over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_a_failed_round_reads_its_messages_again() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "inbox-failed-round").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            let records: Vec<_> = (0..20)
-                .map(|i| {
-                    (
-                        format!("k{}", i % 4),
-                        Some(format!("m-{i}")),
-                        format!("{i}"),
-                    )
-                })
-                .collect();
-            produce(&url, &name, &records).await;
-            let pool = ledger("inbox-kafka-failed-round").await;
-            let closed =
-                common::sqlite_file(&format!("inbox-kafka-closed-{}", common::next_id()), 1).await;
-            closed.close().await;
-            let consumer = KafkaConsumer::new(
-                member_config(&url, &unique("group")),
-                &[&name],
-                Inbox::new("kafka-failed-round").unwrap(),
-            )
-            .unwrap()
-            .batch(50, Duration::from_millis(500));
-            let failed = consumer
-                .next(&closed, |_, _| Box::pin(async { Ok::<(), String>(()) }))
-                .await;
-            assert!(
-                matches!(failed, Err(idem::inbox::kafka::KafkaRoundError::Inbox(_))),
-                "{failed:?}"
-            );
-            let applied = tokio::time::timeout(Duration::from_secs(30), async {
-                let mut applied = 0;
-                while applied < 20 {
-                    let round = round(&consumer, &pool, Duration::ZERO).await;
-                    applied += round
-                        .settled
-                        .iter()
-                        .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(()))))
-                        .count();
-                }
-                applied
+    with_kafka_topic("inbox-failed-round", |url, name| async move {
+        let records: Vec<_> = (0..20)
+            .map(|i| {
+                (
+                    format!("k{}", i % 4),
+                    Some(format!("m-{i}")),
+                    format!("{i}"),
+                )
             })
-            .await
-            .expect("the failed round's messages were passed over");
-            assert_eq!(applied, 20);
-            assert_eq!(effects(&pool).await, (20, 20));
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+            .collect();
+        produce(&url, &name, &records).await;
+        let pool = ledger("inbox-kafka-failed-round").await;
+        let closed =
+            common::sqlite_file(&format!("inbox-kafka-closed-{}", common::next_id()), 1).await;
+        closed.close().await;
+        let consumer = KafkaConsumer::new(
+            member_config(&url, &unique("group")),
+            &[&name],
+            Inbox::new("kafka-failed-round").unwrap(),
+        )
+        .unwrap()
+        .batch(50, Duration::from_millis(500));
+        let failed = consumer
+            .next(&closed, |_, _| Box::pin(async { Ok::<(), String>(()) }))
+            .await;
+        assert!(
+            matches!(failed, Err(idem::inbox::kafka::KafkaRoundError::Inbox(_))),
+            "{failed:?}"
+        );
+        let applied = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut applied = 0;
+            while applied < 20 {
+                let round = round(&consumer, &pool, Duration::ZERO).await;
+                applied += round
+                    .settled
+                    .iter()
+                    .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(()))))
+                    .count();
+            }
+            applied
+        })
+        .await
+        .expect("the failed round's messages were passed over");
+        assert_eq!(applied, 20);
+        assert_eq!(effects(&pool).await, (20, 20));
+    })
     .await;
 }
 
@@ -350,74 +297,67 @@ async fn kafka_a_failed_round_reads_its_messages_again() {
 /// twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_a_rebalance_between_two_members_applies_each_message_once() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "inbox-rebalance").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            const MESSAGES: usize = 300;
-            let mut records = Vec::new();
-            for i in 0..MESSAGES {
-                for _ in 0..(1 + i % 2) {
-                    records.push((
-                        format!("k{}", i % 30),
-                        Some(format!("m-{i}")),
-                        format!("{i}"),
-                    ));
-                }
+    with_kafka_topic("inbox-rebalance", |url, name| async move {
+        const MESSAGES: usize = 300;
+        let mut records = Vec::new();
+        for i in 0..MESSAGES {
+            for _ in 0..(1 + i % 2) {
+                records.push((
+                    format!("k{}", i % 30),
+                    Some(format!("m-{i}")),
+                    format!("{i}"),
+                ));
             }
-            produce(&url, &name, &records).await;
-            let pool = ledger("inbox-kafka-rebalance").await;
-            let group = unique("group");
-            let member = |pool: sqlx::SqlitePool, url: String, name: String, group: String| {
-                tokio::spawn(async move {
-                    let consumer = KafkaConsumer::new(
-                        member_config(&url, &group),
-                        &[&name],
-                        Inbox::new("kafka-rebalance").unwrap(),
-                    )
-                    .unwrap()
-                    .batch(20, Duration::from_millis(100));
-                    let mut read = 0;
-                    let deadline = Instant::now() + Duration::from_secs(60);
-                    while Instant::now() < deadline {
-                        // A handler of 5 ms: the first member is still at work when the
-                        // second joins.
-                        let next = tokio::time::timeout(
-                            Duration::from_secs(3),
-                            round(&consumer, &pool, Duration::from_millis(5)),
-                        );
-                        match next.await {
-                            Ok(round) => read += round.settled.len(),
-                            // Nothing came for 3 s: done.
-                            Err(_) => break,
-                        }
+        }
+        produce(&url, &name, &records).await;
+        let pool = ledger("inbox-kafka-rebalance").await;
+        let group = unique("group");
+        let member = |pool: sqlx::SqlitePool, url: String, name: String, group: String| {
+            tokio::spawn(async move {
+                let consumer = KafkaConsumer::new(
+                    member_config(&url, &group),
+                    &[&name],
+                    Inbox::new("kafka-rebalance").unwrap(),
+                )
+                .unwrap()
+                .batch(20, Duration::from_millis(100));
+                let mut read = 0;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < deadline {
+                    // A handler of 5 ms: the first member is still at work when the
+                    // second joins.
+                    let next = tokio::time::timeout(
+                        Duration::from_secs(3),
+                        round(&consumer, &pool, Duration::from_millis(5)),
+                    );
+                    match next.await {
+                        Ok(round) => read += round.settled.len(),
+                        // Nothing came for 3 s: done.
+                        Err(_) => break,
                     }
-                    read
-                })
-            };
-            let first = member(pool.clone(), url.clone(), name.clone(), group.clone());
-            // The second joins once the first has applied some.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while effects(&pool).await.0 < 50 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let second = member(pool.clone(), url.clone(), name.clone(), group.clone());
-            let (first, second) = (first.await.unwrap(), second.await.unwrap());
-            assert_eq!(effects(&pool).await, (MESSAGES as i64, MESSAGES as i64));
-            assert!(
-                first > 0 && second > 0,
-                "both members read: {first} and {second} (the second got partitions)"
-            );
-            let read = first + second;
-            assert!(read >= records.len(), "{read} read of {}", records.len());
-            for (committed, end) in offsets(&url, &group, &name) {
-                assert_eq!(committed, end);
-            }
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+                }
+                read
+            })
+        };
+        let first = member(pool.clone(), url.clone(), name.clone(), group.clone());
+        // The second joins once the first has applied some.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while effects(&pool).await.0 < 50 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let second = member(pool.clone(), url.clone(), name.clone(), group.clone());
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        assert_eq!(effects(&pool).await, (MESSAGES as i64, MESSAGES as i64));
+        assert!(
+            first > 0 && second > 0,
+            "both members read: {first} and {second} (the second got partitions)"
+        );
+        let read = first + second;
+        assert!(read >= records.len(), "{read} read of {}", records.len());
+        for (committed, end) in offsets(&url, &group, &name) {
+            assert_eq!(committed, end);
+        }
+    })
     .await;
 }
 
@@ -513,7 +453,6 @@ fn kafka_member_child() {
 /// members that took its partitions over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_members_killed_and_joining_apply_each_message_once() {
-    let Some(kafka) = kafka_url() else { return };
     let name = format!("kafka_members_{}", common::next_id());
     let Some(pool) = common::postgres(&name, 4).await else {
         return;
@@ -531,11 +470,7 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
     .execute(&pool)
     .await
     .unwrap();
-    let topic = topic(&kafka, "inbox-members").await;
-    let (kafka2, topic2) = (kafka.clone(), topic.clone());
-    cleanup_after(
-        async move {
-            let (kafka, topic) = (kafka2, topic2);
+    with_kafka_topic("inbox-members", |kafka, topic| async move {
             const MESSAGES: i64 = 1000;
             let mut records = Vec::new();
             for i in 0..MESSAGES {
@@ -627,8 +562,6 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
             for (committed, end) in offsets(&kafka, &group, &topic) {
                 assert_eq!(committed, end, "a partition's offset was not committed to its end");
             }
-        },
-        async move || drop_topic(&kafka, &topic).await,
-    )
+    })
     .await;
 }

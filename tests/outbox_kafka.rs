@@ -4,50 +4,17 @@
 //! the producer's size limit dead after its attempts without holding back another key, a
 //! broker that does not answer, and two relays keeping each key's order.
 
-use crate::brokers::{cleanup_after, kafka_url, poll_until, unique};
+use crate::brokers::{poll_until, unique, with_kafka_topic};
 use crate::common;
 
 use idem::inbox::{Delivery, Inbox, Received};
 use idem::outbox::kafka::{ID_HEADER, Kafka, KafkaConfigError};
 use idem::outbox::{self, Message, Relay};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message as _};
 use std::collections::HashMap;
 use std::time::Duration;
-
-const PARTITIONS: i32 = 6;
-
-fn admin(url: &str) -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", url)
-        .create()
-        .unwrap()
-}
-
-/// A topic of this test's own, with six partitions.
-async fn topic(url: &str, prefix: &str) -> String {
-    let name = unique(prefix);
-    let created = admin(url)
-        .create_topics(
-            &[NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .unwrap();
-    for result in created {
-        result.unwrap_or_else(|(topic, e)| panic!("topic {topic} was not created: {e}"));
-    }
-    name
-}
-
-async fn drop_topic(url: &str, name: &str) {
-    let _ = admin(url)
-        .delete_topics(&[name], &AdminOptions::new())
-        .await;
-}
 
 /// One record as the consumer read it.
 #[derive(Debug, Clone)]
@@ -145,84 +112,77 @@ async fn drain<DB: idem::Backend>(relay: &Relay<DB, Kafka>, pool: &sqlx::Pool<DB
 /// hop's inbox, keyed by the id, absorbs it.
 #[tokio::test]
 async fn kafka_keys_each_message_by_its_ordering_key_and_the_inbox_absorbs_a_republish() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "outbox").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
-            idem::migrate(&pool).await.unwrap();
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-            for i in 0..20 {
-                let message = Message::bytes(name.as_str(), format!("{i}"))
-                    .ordering_key(format!("order/{}", i % 4))
-                    .id(format!("m-{i}"))
-                    .header("x-test", "1");
-                outbox::stage(&mut tx, message).await.unwrap();
-            }
-            tx.commit().await.unwrap();
-            let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
-                .backoff(Duration::from_millis(10), Duration::from_millis(50));
-            assert_eq!(drain(&relay, &pool).await, 20);
-            let records = read(&url, &name, 20).await;
-            let mut partition_of: HashMap<String, i32> = HashMap::new();
-            let mut order: HashMap<String, Vec<usize>> = HashMap::new();
-            for record in firsts(&records) {
-                let i: usize = String::from_utf8(record.payload.clone())
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                let key = format!("order/{}", i % 4);
-                assert_eq!(record.key.as_deref(), Some(key.as_str()));
-                assert_eq!(record.message_key.as_deref(), Ok(format!("m-{i}").as_str()));
-                assert!(
-                    record.headers.contains(&("x-test".into(), "1".into())),
-                    "{:?}",
-                    record.headers
-                );
-                assert!(record.headers.iter().any(|(name, _)| name == ID_HEADER));
-                let partition = *partition_of.entry(key.clone()).or_insert(record.partition);
-                assert_eq!(partition, record.partition, "key {key} on two partitions");
-                order.entry(key).or_default().push(i);
-            }
-            for (key, seen) in order {
-                let mut staged = seen.clone();
-                staged.sort_unstable();
-                assert_eq!(seen, staged, "key {key} out of order");
-            }
-            // A relay that died after the acknowledgement, before its mark: the same
-            // messages again. Kafka keeps both copies.
-            sqlx::query("UPDATE idem_outbox SET published_at = NULL")
-                .execute(&pool)
-                .await
+    with_kafka_topic("outbox", |url, name| async move {
+        let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
+        idem::migrate(&pool).await.unwrap();
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        for i in 0..20 {
+            let message = Message::bytes(name.as_str(), format!("{i}"))
+                .ordering_key(format!("order/{}", i % 4))
+                .id(format!("m-{i}"))
+                .header("x-test", "1");
+            outbox::stage(&mut tx, message).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
+            .backoff(Duration::from_millis(10), Duration::from_millis(50));
+        assert_eq!(drain(&relay, &pool).await, 20);
+        let records = read(&url, &name, 20).await;
+        let mut partition_of: HashMap<String, i32> = HashMap::new();
+        let mut order: HashMap<String, Vec<usize>> = HashMap::new();
+        for record in firsts(&records) {
+            let i: usize = String::from_utf8(record.payload.clone())
+                .unwrap()
+                .parse()
                 .unwrap();
-            assert_eq!(drain(&relay, &pool).await, 20);
-            let records = read(&url, &name, 20).await;
-            assert!(records.len() >= 40, "{} records", records.len());
-            let total = records.len();
-            let inbox = Inbox::new("next-hop").unwrap();
-            let (mut processed, mut duplicates) = (0, 0);
-            for record in records {
-                let key = idem::inbox::MessageKey::message_id(record.message_key.unwrap()).unwrap();
-                let delivery = match inbox
-                    .receive::<_, ()>(&pool, &key, &record.payload)
-                    .await
-                    .unwrap()
-                {
-                    Received::New(receipt) => receipt.finish(Ok::<(), ()>(())).await.unwrap(),
-                    Received::Done(done) => done,
-                };
-                match delivery {
-                    Delivery::Processed(()) => processed += 1,
-                    Delivery::Duplicate { .. } => duplicates += 1,
-                    other => panic!("{other:?}"),
-                }
+            let key = format!("order/{}", i % 4);
+            assert_eq!(record.key.as_deref(), Some(key.as_str()));
+            assert_eq!(record.message_key.as_deref(), Ok(format!("m-{i}").as_str()));
+            assert!(
+                record.headers.contains(&("x-test".into(), "1".into())),
+                "{:?}",
+                record.headers
+            );
+            assert!(record.headers.iter().any(|(name, _)| name == ID_HEADER));
+            let partition = *partition_of.entry(key.clone()).or_insert(record.partition);
+            assert_eq!(partition, record.partition, "key {key} on two partitions");
+            order.entry(key).or_default().push(i);
+        }
+        for (key, seen) in order {
+            let mut staged = seen.clone();
+            staged.sort_unstable();
+            assert_eq!(seen, staged, "key {key} out of order");
+        }
+        // A relay that died after the acknowledgement, before its mark: the same
+        // messages again. Kafka keeps both copies.
+        sqlx::query("UPDATE idem_outbox SET published_at = NULL")
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(drain(&relay, &pool).await, 20);
+        let records = read(&url, &name, 20).await;
+        assert!(records.len() >= 40, "{} records", records.len());
+        let total = records.len();
+        let inbox = Inbox::new("next-hop").unwrap();
+        let (mut processed, mut duplicates) = (0, 0);
+        for record in records {
+            let key = idem::inbox::MessageKey::message_id(record.message_key.unwrap()).unwrap();
+            let delivery = match inbox
+                .receive::<_, ()>(&pool, &key, &record.payload)
+                .await
+                .unwrap()
+            {
+                Received::New(receipt) => receipt.finish(Ok::<(), ()>(())).await.unwrap(),
+                Received::Done(done) => done,
+            };
+            match delivery {
+                Delivery::Processed(()) => processed += 1,
+                Delivery::Duplicate { .. } => duplicates += 1,
+                other => panic!("{other:?}"),
             }
-            assert_eq!((processed, duplicates), (20, total - 20));
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+        }
+        assert_eq!((processed, duplicates), (20, total - 20));
+    })
     .await;
 }
 
@@ -231,55 +191,48 @@ async fn kafka_keys_each_message_by_its_ordering_key_and_the_inbox_absorbs_a_rep
 /// its own key (the message behind it).
 #[tokio::test]
 async fn kafka_a_message_too_large_dies_and_holds_back_only_its_key() {
-    let Some(url) = kafka_url() else { return };
-    let name = topic(&url, "outbox-large").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
-            idem::migrate(&pool).await.unwrap();
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-            // Over librdkafka's `message.max.bytes` (1,000,000 by default).
-            let large = Message::bytes(name.as_str(), vec![b'x'; 2_000_000])
-                .ordering_key("large")
-                .id("large-0");
-            outbox::stage(&mut tx, large).await.unwrap();
-            let behind = Message::bytes(name.as_str(), "behind")
-                .ordering_key("large")
-                .id("large-1");
-            outbox::stage(&mut tx, behind).await.unwrap();
-            for i in 0..3 {
-                let small = Message::bytes(name.as_str(), format!("small-{i}"))
-                    .ordering_key("small")
-                    .id(format!("small-{i}"));
-                outbox::stage(&mut tx, small).await.unwrap();
-            }
-            tx.commit().await.unwrap();
-            let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
-                .max_attempts(2)
-                .backoff(Duration::from_millis(1), Duration::from_millis(1));
-            assert!(drain(&relay, &pool).await >= 3);
-            let dead = outbox::dead(&pool, 10).await.unwrap();
-            assert_eq!(dead.len(), 1);
-            assert_eq!(dead[0].id, "large-0");
-            let error = dead[0].last_error.clone().unwrap_or_default();
-            assert!(
-                error.contains("too large") || error.contains("size"),
-                "{error}"
-            );
-            let backlog = outbox::backlog(&pool).await.unwrap();
-            assert_eq!((backlog.pending, backlog.dead), (2, 1), "{backlog:?}");
-            let records = read(&url, &name, 3).await;
-            let mut payloads: Vec<String> = firsts(&records)
-                .iter()
-                .map(|r| String::from_utf8(r.payload.clone()).unwrap())
-                .collect();
-            payloads.sort();
-            assert_eq!(payloads, ["small-0", "small-1", "small-2"]);
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+    with_kafka_topic("outbox-large", |url, name| async move {
+        let pool = common::sqlite_file(&format!("outbox-kafka-{}", common::next_id()), 2).await;
+        idem::migrate(&pool).await.unwrap();
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        // Over librdkafka's `message.max.bytes` (1,000,000 by default).
+        let large = Message::bytes(name.as_str(), vec![b'x'; 2_000_000])
+            .ordering_key("large")
+            .id("large-0");
+        outbox::stage(&mut tx, large).await.unwrap();
+        let behind = Message::bytes(name.as_str(), "behind")
+            .ordering_key("large")
+            .id("large-1");
+        outbox::stage(&mut tx, behind).await.unwrap();
+        for i in 0..3 {
+            let small = Message::bytes(name.as_str(), format!("small-{i}"))
+                .ordering_key("small")
+                .id(format!("small-{i}"));
+            outbox::stage(&mut tx, small).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let relay = Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        assert!(drain(&relay, &pool).await >= 3);
+        let dead = outbox::dead(&pool, 10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].id, "large-0");
+        let error = dead[0].last_error.clone().unwrap_or_default();
+        assert!(
+            error.contains("too large") || error.contains("size"),
+            "{error}"
+        );
+        let backlog = outbox::backlog(&pool).await.unwrap();
+        assert_eq!((backlog.pending, backlog.dead), (2, 1), "{backlog:?}");
+        let records = read(&url, &name, 3).await;
+        let mut payloads: Vec<String> = firsts(&records)
+            .iter()
+            .map(|r| String::from_utf8(r.payload.clone()).unwrap())
+            .collect();
+        payloads.sort();
+        assert_eq!(payloads, ["small-0", "small-1", "small-2"]);
+    })
     .await;
 }
 
@@ -348,78 +301,71 @@ fn kafka_refuses_a_producer_that_may_duplicate_or_lose() {
 /// the topic, each key's in the order staged, each key on one partition.
 #[tokio::test]
 async fn kafka_two_relays_deliver_each_key_in_order() {
-    let Some(url) = kafka_url() else { return };
     let Some(pool) = common::postgres(&format!("outbox_kafka_{}", common::next_id()), 8).await
     else {
         return;
     };
     idem::migrate(&pool).await.unwrap();
-    let name = topic(&url, "outbox-order").await;
-    let (url2, name2) = (url.clone(), name.clone());
-    cleanup_after(
-        async move {
-            let (url, name) = (url2, name2);
-            const KEYS: usize = 8;
-            const PER_KEY: usize = 25;
-            let writers: Vec<_> = (0..KEYS)
-                .map(|k| {
-                    let (pool, name) = (pool.clone(), name.clone());
-                    tokio::spawn(async move {
-                        for i in 0..PER_KEY {
-                            let mut tx = pool.begin().await.unwrap();
-                            let id = format!("k{k}-{i:02}");
-                            let message = Message::bytes(name.as_str(), id.clone())
-                                .ordering_key(format!("k{k}"))
-                                .id(id);
-                            outbox::stage(&mut tx, message).await.unwrap();
-                            tx.commit().await.unwrap();
-                        }
-                    })
+    with_kafka_topic("outbox-order", |url, name| async move {
+        const KEYS: usize = 8;
+        const PER_KEY: usize = 25;
+        let writers: Vec<_> = (0..KEYS)
+            .map(|k| {
+                let (pool, name) = (pool.clone(), name.clone());
+                tokio::spawn(async move {
+                    for i in 0..PER_KEY {
+                        let mut tx = pool.begin().await.unwrap();
+                        let id = format!("k{k}-{i:02}");
+                        let message = Message::bytes(name.as_str(), id.clone())
+                            .ordering_key(format!("k{k}"))
+                            .id(id);
+                        outbox::stage(&mut tx, message).await.unwrap();
+                        tx.commit().await.unwrap();
+                    }
                 })
-                .collect();
-            let relays: Vec<_> = (0..2)
-                .map(|_| {
-                    Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
-                        .batch_size(5)
-                        .poll_interval(Duration::from_millis(10))
-                        .spawn()
-                        .unwrap()
-                })
-                .collect();
-            for writer in writers {
-                writer.await.unwrap();
-            }
-            let pending = poll_until(
-                Duration::from_secs(60),
-                || async { outbox::backlog(&pool).await.unwrap().pending },
-                |pending| *pending == 0,
-            )
-            .await;
-            assert_eq!(pending, 0);
-            for relay in relays {
-                relay.stop().await;
-            }
-            let mut per_key: HashMap<String, (i32, Vec<String>)> = HashMap::new();
-            let records = read(&url, &name, KEYS * PER_KEY).await;
-            for record in firsts(&records) {
-                let id = String::from_utf8(record.payload.clone()).unwrap();
-                let key = id.split('-').next().unwrap().to_owned();
-                let entry = per_key
-                    .entry(key.clone())
-                    .or_insert((record.partition, Vec::new()));
-                assert_eq!(entry.0, record.partition, "key {key} on two partitions");
-                entry.1.push(id);
-            }
-            assert_eq!(per_key.len(), KEYS);
-            for (key, (_, seen)) in per_key {
-                let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
-                assert_eq!(
-                    seen, expected,
-                    "key {key} reached the consumer out of order"
-                );
-            }
-        },
-        async move || drop_topic(&url, &name).await,
-    )
+            })
+            .collect();
+        let relays: Vec<_> = (0..2)
+            .map(|_| {
+                Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
+                    .batch_size(5)
+                    .poll_interval(Duration::from_millis(10))
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        let pending = poll_until(
+            Duration::from_secs(60),
+            || async { outbox::backlog(&pool).await.unwrap().pending },
+            |pending| *pending == 0,
+        )
+        .await;
+        assert_eq!(pending, 0);
+        for relay in relays {
+            relay.stop().await;
+        }
+        let mut per_key: HashMap<String, (i32, Vec<String>)> = HashMap::new();
+        let records = read(&url, &name, KEYS * PER_KEY).await;
+        for record in firsts(&records) {
+            let id = String::from_utf8(record.payload.clone()).unwrap();
+            let key = id.split('-').next().unwrap().to_owned();
+            let entry = per_key
+                .entry(key.clone())
+                .or_insert((record.partition, Vec::new()));
+            assert_eq!(entry.0, record.partition, "key {key} on two partitions");
+            entry.1.push(id);
+        }
+        assert_eq!(per_key.len(), KEYS);
+        for (key, (_, seen)) in per_key {
+            let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
+            assert_eq!(
+                seen, expected,
+                "key {key} reached the consumer out of order"
+            );
+        }
+    })
     .await;
 }

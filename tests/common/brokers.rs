@@ -55,6 +55,56 @@ pub fn kafka_url() -> Option<String> {
     server_url("IDEM_TEST_KAFKA_URL", "Kafka")
 }
 
+/// Kafka's admin client on `url`.
+fn kafka_admin(url: &str) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", url)
+        .create()
+        .unwrap()
+}
+
+/// The partitions of a test's Kafka topic.
+pub const KAFKA_PARTITIONS: i32 = 6;
+
+/// A Kafka topic of the test's own (`{prefix}-…`), with [`KAFKA_PARTITIONS`] partitions.
+pub async fn kafka_topic(url: &str, prefix: &str) -> String {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let name = unique(prefix);
+    let created = kafka_admin(url)
+        .create_topics(
+            &[NewTopic::new(
+                &name,
+                KAFKA_PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for result in created {
+        result.unwrap_or_else(|(topic, e)| panic!("topic {topic} was not created: {e}"));
+    }
+    name
+}
+
+/// Runs `body` with the Kafka bootstrap servers and a topic of its own, then deletes the
+/// topic, even if `body` panicked. Skipped (or failed, in CI) without `IDEM_TEST_KAFKA_URL`.
+pub async fn with_kafka_topic<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(String, String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(url) = kafka_url() else { return };
+    let name = kafka_topic(&url, prefix).await;
+    let run = body(url.clone(), name.clone());
+    cleanup_after(run, async move || {
+        let _ = kafka_admin(&url)
+            .delete_topics(&[name.as_str()], &rdkafka::admin::AdminOptions::new())
+            .await;
+    })
+    .await;
+}
+
 /// `{prefix}-{pid}-{start}-{n}`: a stream or queue name no other process (and no other
 /// test of this one) uses. Letters, digits, `-` and `_` only, valid for every broker.
 pub fn unique(prefix: &str) -> String {
