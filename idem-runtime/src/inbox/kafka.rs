@@ -34,7 +34,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message as _, OwnedMessage};
+use rdkafka::message::{Message as _, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -679,24 +679,10 @@ fn fenced(e: &KafkaError) -> bool {
     )
 }
 
-/// The id an idem relay published `message` under.
+/// The id an idem relay published `message` under (the consuming side's own reading,
+/// [`message_key`](crate::outbox::kafka::message_key)), or why it has none.
 fn id_of(message: &OwnedMessage) -> Result<MessageKey, String> {
-    let id = message
-        .headers()
-        .and_then(|headers| {
-            headers
-                .iter()
-                .find(|h| h.key == crate::outbox::kafka::ID_HEADER)
-                .and_then(|h| h.value)
-        })
-        .ok_or_else(|| {
-            format!(
-                "no `{}` header (not published by an idem relay)",
-                crate::outbox::kafka::ID_HEADER
-            )
-        })?;
-    let id = std::str::from_utf8(id).map_err(|_| "its id is not UTF-8 text".to_owned())?;
-    MessageKey::message_id(id).map_err(|e| e.to_string())
+    crate::outbox::kafka::message_key(message).map_err(|e| e.to_string())
 }
 
 /// Why a round ([`KafkaConsumer::next`]) failed as a whole.
