@@ -14,10 +14,13 @@
 //!
 //! The server needs JetStream (`nats-server -js`). `DATABASE_URL`: `sqlite:…`, `postgres://…`
 //! or `mysql://…` (a database of its own: the example creates its tables).
-//! `tests/chain.rs` runs the same parts as processes and kills each with SIGKILL mid-way.
+//! `tests/chain.rs` runs the same parts as processes and kills each with SIGKILL mid-way;
+//! `examples/chain_kafka.rs` is the same chain over Kafka.
 
 #[path = "chain/app.rs"]
 mod app;
+#[path = "chain/nats.rs"]
+mod nats;
 
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, stream};
@@ -79,8 +82,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let api =
         app::api(pool.clone(), "idem.example.coupon.grant".into()).map_err(|e| e.to_string())?;
     tokio::spawn(async move { axum::serve(listener, api).await });
-    let relay = app::relay(pool.clone(), js.clone()).spawn()?;
-    let consuming = tokio::spawn(app::consume(pool.clone(), consumer, true));
+    let relay = app::relay(pool.clone(), idem::outbox::nats::JetStream::new(js.clone())).spawn()?;
+    let consuming = tokio::spawn(nats::consume(pool.clone(), consumer, true));
 
     // The clients: each payment sent once, twice or three times with the same key.
     let client = Client(addr);

@@ -1,24 +1,33 @@
-//! The coupon chain of `examples/chain.rs` as processes, each killed with SIGKILL at its
-//! worst moment, on a SQLite file, PostgreSQL and MariaDB with NATS JetStream:
+//! The coupon chain of `examples/chain.rs` and `examples/chain_kafka.rs` as processes, each
+//! killed with SIGKILL at its worst moment, on a SQLite file, PostgreSQL and MariaDB, over
+//! NATS JetStream and over Kafka:
 //!
 //! - the API after a commit and before its response (the 300th);
 //! - a relay after publishing a batch and before marking it (its third batch), and another
 //!   in the middle of a batch (after its 100th acknowledgement);
-//! - the consumer after its commit and before its ack (the 200th);
+//! - the consumer after its commit and before its acknowledgement (JetStream: the 200th
+//!   message) or its offset commit (Kafka: the 20th batch, whose partitions the group hands
+//!   to the other members once the killed one's session times out);
 //!
 //! while every hop repeats: clients send each payment one to three times and retry every
 //! failure with the same key, some published messages are marked unpublished again (a relay
-//! that died after the broker's acknowledgement), the stream's duplicate window is JetStream's
-//! shortest (100 ms, so re-publishes reach the consumer), and the first delivery of every
-//! tenth order is nacked after its commit. At the end: exactly one coupon per order, no order without its coupon, every
-//! message published.
+//! that died after the broker's acknowledgement). On JetStream, the stream's duplicate window
+//! is its shortest (100 ms, so re-publishes reach the consumer), and the first delivery of
+//! every tenth order is nacked after its commit. On Kafka, the topic has six partitions, the
+//! group three members (one killed, two more), the producer is idempotent (which does not
+//! stop a relay's re-publish: a new send, under the same idem id). At the end: exactly one
+//! coupon per order, no order without its coupon, every message published and consumed.
 
-use crate::brokers::{nats_url, unique};
+use crate::brokers::{KAFKA_PARTITIONS, kafka_topic, kafka_url, nats_url, unique};
 use crate::child::{self, ChildProcess, report};
 use crate::common;
 
 #[path = "../examples/chain/app.rs"]
 mod app;
+#[path = "../examples/chain/kafka.rs"]
+mod kafka;
+#[path = "../examples/chain/nats.rs"]
+mod nats;
 
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, stream};
@@ -61,6 +70,7 @@ async fn any_pool(url: &str, connections: u32) -> sqlx::AnyPool {
 /// One role of the chain, as a child process; killed at `crash` (the point, and which
 /// passing of it), if any.
 fn spawn(
+    broker: &Broker,
     role: &str,
     url: &str,
     stream: &str,
@@ -68,6 +78,7 @@ fn spawn(
     crash: Option<(FaultPoint, u64)>,
 ) -> ChildProcess {
     let mut env = vec![
+        ("IDEM_CHAIN_BROKER", broker.name().to_owned()),
         ("IDEM_CHAIN_ROLE", role.to_owned()),
         ("IDEM_CHAIN_DB", url.to_owned()),
         ("IDEM_CHAIN_STREAM", stream.to_owned()),
@@ -83,6 +94,7 @@ fn spawn(
 /// Runs `role` killed at `crash`, then `after` copies of it to the end of the run; returns
 /// the ones still running.
 async fn crash_then_run(
+    broker: &Broker,
     role: &str,
     url: &str,
     stream: &str,
@@ -91,7 +103,7 @@ async fn crash_then_run(
     after: usize,
 ) -> Vec<ChildProcess> {
     for &crash in crashes {
-        let mut doomed = spawn(role, url, stream, port, Some(crash));
+        let mut doomed = spawn(broker, role, url, stream, port, Some(crash));
         doomed.step("ready").await;
         let step = tokio::time::timeout(Duration::from_secs(120), doomed.step("crash-point"))
             .await
@@ -101,7 +113,7 @@ async fn crash_then_run(
     }
     let mut running = Vec::new();
     for _ in 0..after {
-        let mut child = spawn(role, url, stream, port, None);
+        let mut child = spawn(broker, role, url, stream, port, None);
         child.step("ready").await;
         running.push(child);
     }
@@ -123,8 +135,180 @@ async fn pay(addr: SocketAddr, order: i64, key: &str) {
     }
 }
 
-async fn chain(backend: &str) {
-    let Some(nats) = nats_url() else { return };
+/// The broker a chain runs over, with what the test needs of it.
+enum Broker {
+    Nats(String),
+    Kafka(String),
+}
+
+impl Broker {
+    /// The broker of `name` (`nats`, `kafka`), or `None` without its server.
+    fn of(name: &str) -> Option<Broker> {
+        match name {
+            "nats" => nats_url().map(Broker::Nats),
+            _ => kafka_url().map(Broker::Kafka),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Broker::Nats(_) => "nats",
+            Broker::Kafka(_) => "kafka",
+        }
+    }
+
+    async fn jetstream(url: &str) -> jetstream::Context {
+        jetstream::new(async_nats::connect(url).await.unwrap())
+    }
+
+    /// A stream (and its durable consumer) or a topic of the test's own: its name.
+    async fn prepare(&self) -> String {
+        match self {
+            Broker::Nats(url) => {
+                let js = Broker::jetstream(url).await;
+                let name = unique("chain");
+                let stream = js
+                    .create_stream(stream::Config {
+                        name: name.clone(),
+                        subjects: vec![format!("{name}.>")],
+                        max_age: Duration::from_secs(600),
+                        // The shortest JetStream takes: a re-publish reaches the consumer,
+                        // whose inbox absorbs it.
+                        duplicate_window: Duration::from_millis(100),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                stream
+                    .create_consumer(pull::Config {
+                        durable_name: Some("coupons".into()),
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: Duration::from_secs(2),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                name
+            }
+            Broker::Kafka(url) => kafka_topic(url, "chain").await,
+        }
+    }
+
+    /// Where the API stages its coupons for `name`.
+    fn subject(&self, name: &str) -> String {
+        match self {
+            Broker::Nats(_) => format!("{name}.coupon.grant"),
+            Broker::Kafka(_) => name.to_owned(),
+        }
+    }
+
+    /// How many messages `name` holds, once every one of them was consumed (`None` while
+    /// some wait for their acknowledgement or their offset's commit).
+    async fn settled(&self, name: &str) -> Option<u64> {
+        match self {
+            Broker::Nats(url) => {
+                let js = Broker::jetstream(url).await;
+                let mut stream = js.get_stream(name).await.unwrap();
+                let held = stream.info().await.unwrap().state.messages;
+                let mut consumer = stream
+                    .get_consumer::<pull::Config>("coupons")
+                    .await
+                    .unwrap();
+                let info = consumer.info().await.unwrap();
+                (info.num_pending == 0 && info.num_ack_pending == 0).then_some(held)
+            }
+            Broker::Kafka(url) => {
+                let (url, name) = (url.clone(), name.to_owned());
+                tokio::task::spawn_blocking(move || {
+                    let offsets = kafka_offsets(&url, &name, &name);
+                    offsets
+                        .iter()
+                        .all(|(committed, end)| committed == end)
+                        .then(|| offsets.iter().map(|(_, end)| *end as u64).sum())
+                })
+                .await
+                .unwrap()
+            }
+        }
+    }
+
+    /// How many deliveries the consumers were handed, where the broker counts them.
+    async fn delivered(&self, name: &str) -> Option<u64> {
+        match self {
+            Broker::Nats(url) => {
+                let js = Broker::jetstream(url).await;
+                let mut consumer = js
+                    .get_stream(name)
+                    .await
+                    .unwrap()
+                    .get_consumer::<pull::Config>("coupons")
+                    .await
+                    .unwrap();
+                Some(consumer.info().await.unwrap().delivered.consumer_sequence)
+            }
+            // Kafka counts no deliveries; a group reads from offsets.
+            Broker::Kafka(_) => None,
+        }
+    }
+
+    async fn delete(&self, name: &str) {
+        match self {
+            Broker::Nats(url) => {
+                let _ = Broker::jetstream(url).await.delete_stream(name).await;
+            }
+            Broker::Kafka(url) => {
+                let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+                    rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", url)
+                        .create()
+                        .unwrap();
+                let _ = admin
+                    .delete_topics(&[name], &rdkafka::admin::AdminOptions::new())
+                    .await;
+            }
+        }
+    }
+
+    /// Where the consumer is killed: after its commit, before it tells the broker.
+    fn consumer_crash(&self) -> (FaultPoint, u64) {
+        match self {
+            // One message per commit.
+            Broker::Nats(_) => (FaultPoint::Committed, 200),
+            // A batch per partition and round.
+            Broker::Kafka(_) => (FaultPoint::Committed, 20),
+        }
+    }
+}
+
+/// Each partition of `topic`'s committed offset for `group`, and its end.
+fn kafka_offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = kafka::member(url, group).create().unwrap();
+    let mut list = rdkafka::TopicPartitionList::new();
+    for partition in 0..KAFKA_PARTITIONS {
+        list.add_partition(topic, partition);
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .unwrap();
+    (0..KAFKA_PARTITIONS)
+        .map(|partition| {
+            let committed = match committed.find_partition(topic, partition).unwrap().offset() {
+                rdkafka::Offset::Offset(n) => n,
+                _ => 0,
+            };
+            let (_, end) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .unwrap();
+            (committed, end)
+        })
+        .collect()
+}
+
+async fn chain(broker: &str, backend: &str) {
+    let Some(broker) = Broker::of(broker) else {
+        return;
+    };
     let Some(url) = database(backend).await else {
         return;
     };
@@ -136,28 +320,7 @@ async fn chain(backend: &str) {
             .unwrap();
     }
     app::setup(&pool, ORDERS).await.unwrap();
-    let js = jetstream::new(async_nats::connect(&nats).await.unwrap());
-    let name = unique("chain");
-    let stream = js
-        .create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            max_age: Duration::from_secs(600),
-            // The shortest JetStream takes: a re-publish reaches the consumer, whose inbox absorbs it.
-            duplicate_window: Duration::from_millis(100),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    stream
-        .create_consumer(pull::Config {
-            durable_name: Some("coupons".into()),
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(2),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let name = broker.prepare().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -165,8 +328,18 @@ async fn chain(backend: &str) {
         .port();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
 
-    let api = crash_then_run("api", &url, &name, port, &[(FaultPoint::Committed, 300)], 1);
+    let b = &broker;
+    let api = crash_then_run(
+        b,
+        "api",
+        &url,
+        &name,
+        port,
+        &[(FaultPoint::Committed, 300)],
+        1,
+    );
     let relays = crash_then_run(
+        b,
         "relay",
         &url,
         &name,
@@ -174,14 +347,8 @@ async fn chain(backend: &str) {
         &[(FaultPoint::Published, 3), (FaultPoint::Acked, 100)],
         2,
     );
-    let consumers = crash_then_run(
-        "consumer",
-        &url,
-        &name,
-        port,
-        &[(FaultPoint::Committed, 200)],
-        2,
-    );
+    let consumer_crash = [b.consumer_crash()];
+    let consumers = crash_then_run(b, "consumer", &url, &name, port, &consumer_crash, 2);
     let clients = async {
         let mut clients = tokio::task::JoinSet::new();
         for worker in 0..16 {
@@ -208,42 +375,32 @@ async fn chain(backend: &str) {
     .await
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    let report = loop {
+    let (report, held) = loop {
         let report = app::report(&pool).await.unwrap();
-        let mut consumer = js
-            .get_stream(&name)
-            .await
-            .unwrap()
-            .get_consumer::<pull::Config>("coupons")
-            .await
-            .unwrap();
-        let info = consumer.info().await.unwrap();
-        let settled = info.num_pending == 0 && info.num_ack_pending == 0;
-        if report.rewarded == ORDERS && report.pending == 0 && settled || Instant::now() > deadline
+        let held = broker.settled(&name).await;
+        if report.rewarded == ORDERS && report.pending == 0 && held.is_some()
+            || Instant::now() > deadline
         {
-            break report;
+            break (report, held);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     drop((api, relays, consumers));
-    // The repeats happened: the stream holds re-published copies, and the consumer was
-    // handed more deliveries than the stream holds messages (redeliveries).
-    let mut stream = js.get_stream(&name).await.unwrap();
-    let in_stream = stream.info().await.unwrap().state.messages;
-    let mut consumer = stream
-        .get_consumer::<pull::Config>("coupons")
-        .await
-        .unwrap();
-    let delivered = consumer.info().await.unwrap().delivered.consumer_sequence;
-    let _ = js.delete_stream(&name).await;
+    let delivered = broker.delivered(&name).await;
+    broker.delete(&name).await;
+    // The repeats happened: the broker holds re-published copies (every one of them
+    // consumed), and where it counts deliveries, it handed out more than it holds.
+    let held = held.expect("the broker still held messages not consumed after 120 s");
     assert!(
-        in_stream > ORDERS as u64,
-        "no message was published twice: {in_stream}"
+        held > ORDERS as u64,
+        "no message was published twice: {held}"
     );
-    assert!(
-        delivered > in_stream,
-        "no message was delivered twice: {delivered} for {in_stream}"
-    );
+    if let Some(delivered) = delivered {
+        assert!(
+            delivered > held,
+            "no message was delivered twice: {delivered} for {held}"
+        );
+    }
     assert_eq!(
         report,
         app::Report {
@@ -260,17 +417,32 @@ async fn chain(backend: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_grants_one_coupon_per_order_on_sqlite() {
-    chain("sqlite").await;
+    chain("nats", "sqlite").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_grants_one_coupon_per_order_on_postgres() {
-    chain("postgres").await;
+    chain("nats", "postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chain_grants_one_coupon_per_order_on_mysql() {
-    chain("mysql").await;
+    chain("nats", "mysql").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_kafka_grants_one_coupon_per_order_on_sqlite() {
+    chain("kafka", "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_kafka_grants_one_coupon_per_order_on_postgres() {
+    chain("kafka", "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_kafka_grants_one_coupon_per_order_on_mysql() {
+    chain("kafka", "mysql").await;
 }
 
 /// One role of the chain, run by [`chain`] as a child process.
@@ -294,24 +466,35 @@ fn chain_child() {
     runtime.block_on(async {
         let pool = any_pool(&var("IDEM_CHAIN_DB"), 4).await;
         let stream = var("IDEM_CHAIN_STREAM");
-        let js = jetstream::new(async_nats::connect(nats_url().unwrap()).await.unwrap());
-        match role.as_str() {
-            "api" => {
+        let broker = Broker::of(&var("IDEM_CHAIN_BROKER")).expect("the broker's URL");
+        match (role.as_str(), &broker) {
+            ("api", _) => {
                 let port: u16 = var("IDEM_CHAIN_PORT").parse().unwrap();
                 let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
                     .await
                     .unwrap();
-                let api = app::api(pool, format!("{stream}.coupon.grant")).unwrap();
+                let api = app::api(pool, broker.subject(&stream)).unwrap();
                 report("ready");
                 axum::serve(listener, api).await.unwrap();
             }
-            "relay" => {
-                let relay = app::relay(pool, js);
+            ("relay", Broker::Nats(url)) => {
+                let js = Broker::jetstream(url).await;
+                let relay = app::relay(pool, idem::outbox::nats::JetStream::new(js));
                 report("ready");
                 relay.run(std::future::pending()).await;
             }
-            _ => {
-                let consumer = js
+            ("relay", Broker::Kafka(url)) => {
+                let relay = app::relay(pool, idem::outbox::kafka::Kafka::connect(url).unwrap());
+                report("ready");
+                relay.run(std::future::pending()).await;
+            }
+            (_, Broker::Kafka(url)) => {
+                report("ready");
+                kafka::consume(pool, url, &stream, &stream).await.unwrap();
+            }
+            (_, Broker::Nats(url)) => {
+                let consumer = Broker::jetstream(url)
+                    .await
                     .get_stream(&stream)
                     .await
                     .unwrap()
@@ -319,7 +502,7 @@ fn chain_child() {
                     .await
                     .unwrap();
                 report("ready");
-                app::consume(pool, consumer, true).await.unwrap();
+                nats::consume(pool, consumer, true).await.unwrap();
             }
         }
     });

@@ -380,10 +380,13 @@ fn kafka_consumer_refuses_auto_commit_and_a_missing_group() {
     let _ = KeyFrom::Position;
 }
 
-/// The member of [`kafka_members_killed_and_joining_apply_each_message_once`], as a child
-/// process: consumes until the parent kills it, recording after each round how many of its
-/// deliveries were applied and how many absorbed; killed after its `IDEM_CRASH_NTH`-th
-/// database commit, before that round's offsets are committed, if asked.
+/// The member of [`kafka_members_killed_and_joining_apply_each_message_once`] and
+/// [`kafka_a_member_frozen_past_its_session_commits_nothing_it_lost`], as a child process:
+/// consumes until the parent kills it, recording after each round how many of its
+/// deliveries were applied and how many absorbed. Killed after its `IDEM_CRASH_NTH`-th
+/// database commit, before that round's offsets are committed, if asked; or paused there
+/// after its `IDEM_PAUSE_NTH`-th until the file `IDEM_PAUSE_RELEASE` exists, reporting what
+/// the round it paused in committed and lost (`round committed=… lost=…`).
 #[test]
 #[ignore = "the child process of the Kafka members test, which runs it"]
 fn kafka_member_child() {
@@ -395,6 +398,14 @@ fn kafka_member_child() {
     if let Ok(nth) = std::env::var("IDEM_CRASH_NTH") {
         crate::child::stop_at_nth(idem::fault::FaultPoint::Committed, nth.parse().unwrap());
     }
+    let release = std::env::var("IDEM_PAUSE_RELEASE")
+        .ok()
+        .map(std::path::PathBuf::from);
+    if let Some(release) = &release {
+        let nth = var("IDEM_PAUSE_NTH").parse().unwrap();
+        crate::child::pause_at_nth(idem::fault::FaultPoint::Committed, nth, release.clone());
+    }
+    let mut paused_round_reported = false;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -425,6 +436,17 @@ fn kafka_member_child() {
                 })
             });
             let round = next.await.unwrap();
+            // Rounds run one after another: the first to end after the release is the one
+            // that paused (reported once its reads are recorded).
+            let paused_round = (!paused_round_reported
+                && release.as_ref().is_some_and(|r| r.exists()))
+            .then(|| {
+                format!(
+                    "round committed={} lost={}",
+                    round.committed.len(),
+                    round.lost.len()
+                )
+            });
             let applied = round
                 .settled
                 .iter()
@@ -441,6 +463,10 @@ fn kafka_member_child() {
                 .execute(&pool)
                 .await
                 .unwrap();
+            if let Some(step) = paused_round {
+                paused_round_reported = true;
+                crate::child::report(&step);
+            }
         }
     });
 }
@@ -492,7 +518,7 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
                 crate::child::ChildProcess::spawn(
                     "inbox_kafka::kafka_member_child",
                     &env,
-                    &["IDEM_CRASH_NTH"],
+                    &["IDEM_CRASH_NTH", "IDEM_PAUSE_NTH", "IDEM_PAUSE_RELEASE"],
                 )
             };
             let mut doomed = spawn(Some(4));
@@ -562,6 +588,157 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
             for (committed, end) in offsets(&kafka, &group, &topic) {
                 assert_eq!(committed, end, "a partition's offset was not committed to its end");
             }
+    })
+    .await;
+}
+
+/// A member frozen (SIGSTOP, its heartbeats with it) after a batch's database commit and
+/// before its offsets' commit, for longer than its session: the group hands its partitions
+/// to the other member, which reads that batch again (absorbed) and the rest, and commits
+/// every partition to its end. Thawed, the frozen member finishes its round without
+/// committing anything (Kafka fences its stale generation, or it saw the revocation): the
+/// committed offsets stay at their ends, not set back, and nothing is applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_member_frozen_past_its_session_commits_nothing_it_lost() {
+    let name = format!("kafka_frozen_{}", common::next_id());
+    let Some(pool) = common::postgres(&name, 4).await else {
+        return;
+    };
+    let database = {
+        let url = common::postgres_url().unwrap();
+        let join = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{join}options=-c%20search_path%3Didem_test_{name}")
+    };
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE kafka_effects (id TEXT NOT NULL, payload TEXT NOT NULL);
+         CREATE TABLE kafka_reads (applied BIGINT NOT NULL, absorbed BIGINT NOT NULL);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let release = common::scratch_file(&format!("{name}.release"));
+    let _ = std::fs::remove_file(&release);
+    with_kafka_topic("inbox-frozen", |kafka, topic| async move {
+        const MESSAGES: i64 = 300;
+        let mut records = Vec::new();
+        for i in 0..MESSAGES {
+            for _ in 0..(1 + i % 2) {
+                records.push((
+                    format!("k{}", i % 30),
+                    Some(format!("m-{i}")),
+                    format!("{i}"),
+                ));
+            }
+        }
+        produce(&kafka, &topic, &records).await;
+        let group = unique("frozen");
+        let spawn = |pause: Option<u64>| {
+            let mut env = vec![
+                ("IDEM_KAFKA_MEMBER_DB", database.clone()),
+                ("IDEM_KAFKA_MEMBER_GROUP", group.clone()),
+                ("IDEM_KAFKA_MEMBER_TOPIC", topic.clone()),
+            ];
+            if let Some(nth) = pause {
+                env.push(("IDEM_PAUSE_NTH", nth.to_string()));
+                env.push(("IDEM_PAUSE_RELEASE", release.display().to_string()));
+            }
+            crate::child::ChildProcess::spawn(
+                "inbox_kafka::kafka_member_child",
+                &env,
+                &["IDEM_CRASH_NTH", "IDEM_PAUSE_NTH", "IDEM_PAUSE_RELEASE"],
+            )
+        };
+        // Alone in the group, the first member owns every partition; it pauses after its
+        // second batch's commit, and is frozen there.
+        let mut frozen = spawn(Some(2));
+        frozen.step("ready").await;
+        let step = tokio::time::timeout(Duration::from_secs(60), frozen.step("pause-point"))
+            .await
+            .expect("the member reached its second commit");
+        assert_eq!(step, "pause-point committed");
+        frozen.freeze();
+        let mut other = spawn(None);
+        other.step("ready").await;
+        // The other member gets the partitions once the frozen one's session (6 s) is over,
+        // and takes every partition to its end.
+        let (kafka2, group2, topic2) = (kafka.clone(), group.clone(), topic.clone());
+        let all_committed = || {
+            let (kafka, group, topic) = (kafka2.clone(), group2.clone(), topic2.clone());
+            async move {
+                tokio::task::spawn_blocking(move || offsets(&kafka, &group, &topic))
+                    .await
+                    .unwrap()
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let (applied,): (i64,) = sqlx::query_as("SELECT COUNT(DISTINCT id) FROM kafka_effects")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            let offsets = all_committed().await;
+            if applied == MESSAGES && offsets.iter().all(|(c, e)| c == e) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "after 90 s with a member frozen: {applied} applied, offsets {offsets:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // Thawed, the frozen member ends its round: nothing committed, its partitions lost.
+        std::fs::write(&release, b"").unwrap();
+        frozen.thaw();
+        frozen.step("released").await;
+        let step = frozen.step("round").await;
+        let committed: usize = step
+            .split_whitespace()
+            .find_map(|part| part.strip_prefix("committed="))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let lost: usize = step
+            .split_whitespace()
+            .find_map(|part| part.strip_prefix("lost="))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            committed, 0,
+            "the thawed member committed partitions it lost: {step}"
+        );
+        assert!(lost > 0, "the thawed member's round lost nothing: {step}");
+        // Give a stray commit the time to land, then look: every offset still at its end.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (committed, end) in all_committed().await {
+            assert_eq!(
+                committed, end,
+                "an offset was set back by the thawed member"
+            );
+        }
+        frozen.kill();
+        other.kill();
+        let (rows, distinct): (i64, i64) =
+            sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT id) FROM kafka_effects")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            (rows, distinct),
+            (MESSAGES, MESSAGES),
+            "each message applied once"
+        );
+        let (absorbed,): (i64,) =
+            sqlx::query_as("SELECT COALESCE(SUM(absorbed), 0)::BIGINT FROM kafka_reads")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        // Every copy, and the frozen member's batch read again by the other.
+        assert!(
+            absorbed > records.len() as i64 - MESSAGES,
+            "{absorbed} absorbed: the frozen member's batch was not read again"
+        );
     })
     .await;
 }

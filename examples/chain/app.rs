@@ -1,10 +1,12 @@
-//! The coupon chain's three parts, shared by `examples/chain.rs` and `tests/chain.rs`:
+//! The coupon chain's parts, shared by `examples/chain.rs`, `examples/chain_kafka.rs` and
+//! `tests/chain.rs`:
 //!
 //! 1. **the API**: `POST /orders/{id}/pay` behind the Idempotency-Key layer moves the order
 //!    `CREATED → PAID` and stages a `coupon.grant` message, all in one transaction;
-//! 2. **the relay**: publishes the outbox to NATS JetStream;
-//! 3. **the consumer**: each `coupon.grant` through an inbox + transition `PAID → REWARDED`
-//!    whose body grants the coupon, acked after its commit.
+//! 2. **the relay**: publishes the outbox to the broker (NATS JetStream or Kafka);
+//! 3. **the consumer** (`nats.rs`, `kafka.rs`): each `coupon.grant` through an inbox +
+//!    transition `PAID → REWARDED` whose body grants the coupon, acknowledged (or its offset
+//!    committed) after its commit.
 //!
 //! Every hop repeats (a client's retry, a relay's re-publish, a broker's redelivery), and
 //! each repeat is absorbed where it lands: exactly one coupon per order.
@@ -13,16 +15,13 @@
 
 #![allow(dead_code)]
 
-use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::message::AckKind;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use futures_util::StreamExt;
 use idem::http::{IdempotencyLayer, Tx};
 use idem::inbox::{Inbox, MessageKey};
-use idem::outbox::{self, Message, Relay, nats::JetStream};
+use idem::outbox::{self, Message, Publisher, Relay};
 use idem::{Outcome, StateMachine, idempotent};
 use sqlx::{Any, AnyPool, Transaction};
 use std::time::Duration;
@@ -75,7 +74,7 @@ pub async fn setup(pool: &AnyPool, orders: i64) -> Result<(), sqlx::Error> {
 }
 
 /// `sql` with `$n` placeholders as the connection's backend takes them (MySQL: `?`).
-fn placed(conn: &sqlx::AnyConnection, sql: &str) -> String {
+pub fn placed(conn: &sqlx::AnyConnection, sql: &str) -> String {
     if conn.backend_name().eq_ignore_ascii_case("mysql") {
         let mut placed = String::new();
         let mut chars = sql.chars().peekable();
@@ -106,10 +105,28 @@ impl Order {
         outbox::stage(tx, Message::json(subject, &GrantCoupon { order_id })).await?;
         Ok(())
     }
+
+    /// Rewards the order and grants its coupon, in the transaction given (the inbox's: the
+    /// message's record commits with it).
+    #[idempotent(key = "order_id", from = "PAID", to = "REWARDED")]
+    pub async fn reward(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<(), sqlx::Error> {
+        grant_coupon(tx, order_id).await
+    }
+}
+
+/// The coupon itself (a row; no unique key, so a second grant would show).
+async fn grant_coupon(tx: &mut Transaction<'_, Any>, order_id: i64) -> Result<(), sqlx::Error> {
+    let insert = placed(tx, "INSERT INTO chain_coupons (order_id) VALUES ($1)");
+    sqlx::query(&insert)
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// Grants the coupon of a `coupon.grant` message, once: the inbox records the message and
-/// the transition `PAID → REWARDED` guards the order, in one unit of work.
+/// the transition `PAID → REWARDED` guards the order, in one unit of work (the attribute's
+/// form for a consumer that handles one message at a time, as `nats.rs` does).
 #[idempotent(inbox = "inbox", message = "key", payload = "payload",
              machine = Order, key = "order_id", from = "PAID", to = "REWARDED")]
 pub async fn grant(
@@ -119,12 +136,7 @@ pub async fn grant(
     payload: &[u8],
     order_id: i64,
 ) -> Result<(), sqlx::Error> {
-    let insert = placed(tx, "INSERT INTO chain_coupons (order_id) VALUES ($1)");
-    sqlx::query(&insert)
-        .bind(order_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+    grant_coupon(tx, order_id).await
 }
 
 /// The API: `POST /orders/{id}/pay`, its coupons published on `subject`.
@@ -148,44 +160,14 @@ pub fn api(pool: AnyPool, subject: String) -> Result<axum::Router, Box<dyn std::
     Ok(axum::Router::new().route("/orders/{order_id}/pay", route.layer(keys)))
 }
 
-/// The relay to JetStream: small batches and a short poll, so the chain moves quickly.
-pub fn relay(pool: AnyPool, js: async_nats::jetstream::Context) -> Relay<Any, JetStream> {
-    Relay::new(pool, JetStream::new(js))
+/// The relay to the broker `publisher` speaks to: small batches and a short poll, so the
+/// chain moves quickly.
+pub fn relay<P: Publisher>(pool: AnyPool, publisher: P) -> Relay<Any, P> {
+    Relay::new(pool, publisher)
         .batch_size(50)
         .poll_interval(Duration::from_millis(20))
-        .publish_timeout(Duration::from_secs(5))
+        .publish_timeout(Duration::from_secs(10))
         .backoff(Duration::from_millis(50), Duration::from_secs(1))
-}
-
-/// Consumes `coupon.grant` messages until `until` says the work is done: each through
-/// [`grant`], acked after its commit (a refusal is nacked to come back). With
-/// `redeliver_first`, the first delivery of every tenth order is nacked after its commit, as
-/// a lost ack would have it: the broker redelivers it, and the inbox absorbs the repeat.
-pub async fn consume(
-    pool: AnyPool,
-    consumer: PullConsumer,
-    redeliver_first: bool,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let inbox = Inbox::new("coupons")?.lock_timeout(Duration::from_secs(2));
-    let mut messages = consumer.messages().await?;
-    while let Some(message) = messages.next().await {
-        let message = message?;
-        let key = outbox::nats::message_key(&message)?;
-        let GrantCoupon { order_id } = serde_json::from_slice(&message.payload)?;
-        let delivery = grant(&pool, &inbox, &key, &message.payload, order_id).await?;
-        let first = message
-            .info()
-            .map(|info| info.delivered == 1)
-            .unwrap_or(false);
-        if delivery.should_ack() && !(redeliver_first && first && order_id % 10 == 0) {
-            message.ack().await?;
-        } else {
-            message
-                .ack_with(AckKind::Nak(Some(Duration::from_millis(100))))
-                .await?;
-        }
-    }
-    Ok(())
 }
 
 /// Where the chain stands.

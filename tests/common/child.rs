@@ -65,6 +65,32 @@ pub fn stop_at_nth(target: idem::fault::FaultPoint, n: u64) {
     assert!(idem::fault::set_hook(hook), "a fault hook was already set");
 }
 
+/// Installs the child's fault hook, once: at the `n`-th time the process passes `target`
+/// (from 1), it reports `pause-point <name>` and waits there until the file `release`
+/// exists, then goes on (the parent freezes it meanwhile, or lets the others overtake it).
+pub fn pause_at_nth(target: idem::fault::FaultPoint, n: u64, release: std::path::PathBuf) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    static NTH: AtomicU64 = AtomicU64::new(0);
+    static RELEASE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    fn hook(point: idem::fault::FaultPoint) {
+        if TARGET.get() == Some(&point)
+            && PASSED.fetch_add(1, Ordering::SeqCst) + 1 == NTH.load(Ordering::SeqCst)
+        {
+            report(&format!("pause-point {}", point.name()));
+            let release = RELEASE.get().expect("a release file");
+            while !release.exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            report("released");
+        }
+    }
+    NTH.store(n, Ordering::SeqCst);
+    RELEASE.set(release).expect("one release file per child");
+    TARGET.set(target).expect("one pause point per child");
+    assert!(idem::fault::set_hook(hook), "a fault hook was already set");
+}
+
 /// A running child process, killed when dropped (a failed test leaves none behind).
 pub struct ChildProcess {
     child: Child,
@@ -122,6 +148,26 @@ impl ChildProcess {
         self.child.kill().unwrap();
         let status = self.child.wait().unwrap();
         assert_eq!(status.signal(), Some(9), "not killed by SIGKILL: {status}");
+    }
+
+    /// SIGSTOP: the whole process freezes where it stands, its client libraries' background
+    /// threads (heartbeats) with it, until [`thaw`](Self::thaw).
+    pub fn freeze(&mut self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT: a frozen child goes on.
+    pub fn thaw(&mut self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&mut self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed: {status}");
     }
 
     /// Waits (up to 30 s) for the child to exit, successfully.
