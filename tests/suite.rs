@@ -53,6 +53,7 @@ mod http_optimistic;
 mod http_stacks;
 mod inbox;
 mod inbox_kafka;
+mod kafka_faults;
 mod key_lengths;
 mod keys;
 mod migrations;

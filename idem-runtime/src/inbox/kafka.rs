@@ -379,6 +379,10 @@ impl KafkaConsumer {
     /// the round did not commit are read again from their first message (sought back), and
     /// what the database committed of them is absorbed.
     ///
+    /// While it waits for its first message, a broker down (or not up yet) does not end the
+    /// round: librdkafka reconnects by itself, and the round logs what the client reported
+    /// (a `tracing` warning) and keeps waiting. Only a fatal client error ends it.
+    ///
     /// Do not cancel a round once a message came (a `select!` or a timeout around it):
     /// dropped half way, it leaves messages polled but neither applied nor committed, and a
     /// later round's commit would pass over them. Cancelling it while it still waits for
@@ -562,7 +566,26 @@ impl KafkaConsumer {
 
     /// The messages of a round, each with its partition's epoch at its reading.
     async fn poll(&self) -> Result<Vec<(OwnedMessage, Option<u64>)>, KafkaError> {
-        let first = self.consumer.recv().await?;
+        let first = loop {
+            match self.consumer.recv().await {
+                Ok(message) => break message,
+                // librdkafka reports what it meets on the way (a broker down or not yet up,
+                // a topic not created yet) and reconnects by itself: nothing was polled,
+                // so the round keeps waiting. Only an error the client cannot get past
+                // ends it.
+                Err(e) => {
+                    if let Some((code, reason)) = self.consumer.client().fatal_error() {
+                        tracing::error!(
+                            ?code,
+                            reason,
+                            "idem: the Kafka consumer met a fatal error"
+                        );
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "idem: the Kafka consumer is waiting for its brokers");
+                }
+            }
+        };
         let mut polled = vec![self.read(first.detach())];
         let deadline = tokio::time::Instant::now() + self.wait;
         while polled.len() < self.max {

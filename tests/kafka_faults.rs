@@ -1,0 +1,382 @@
+//! Kafka's refusals and outages, produced on demand on librdkafka's own test cluster
+//! (`rdkafka::mocking::MockCluster`, a protocol-level broker in this process): what one real
+//! node cannot be made to do when a test wants it. No server needed: these run in a plain
+//! `cargo test`.
+//!
+//! - an offset commit refused for a fenced member (`ILLEGAL_GENERATION`,
+//!   `REBALANCE_IN_PROGRESS`, `UNKNOWN_MEMBER_ID`): the round reports the partition lost,
+//!   never an error, and the partition's next owner reads the batch again and absorbs it;
+//! - an offset commit that fails otherwise (the coordinator refusing the group): the round
+//!   fails and its messages are read again, absorbed;
+//! - the broker down when the consumer starts: it waits, and consumes once the broker is up;
+//! - the broker down when the relay starts: nothing is marked, and once it is up every
+//!   message is published.
+
+use crate::brokers::unique;
+use crate::common;
+
+use idem::inbox::kafka::{KafkaConsumer, KafkaRound};
+use idem::inbox::{Delivery, Inbox};
+use idem::outbox::{self, Message, Relay};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 2;
+
+/// A one-broker test cluster with a topic of [`PARTITIONS`] partitions.
+fn cluster(topic: &str) -> MockCluster<'static, DefaultProducerContext> {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(topic, PARTITIONS, 1).unwrap();
+    cluster
+}
+
+/// `n` messages, each with its idem id (`m-0`…), spread over the partitions by key.
+async fn produce(servers: &str, topic: &str, n: usize) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .create()
+        .unwrap();
+    for i in 0..n {
+        let id = format!("m-{i}");
+        let record = FutureRecord::to(topic).key(&id).payload(&id).headers(
+            rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                key: outbox::kafka::ID_HEADER,
+                value: Some(id.as_bytes()),
+            }),
+        );
+        producer
+            .send(record, Timeout::After(Duration::from_secs(10)))
+            .await
+            .unwrap();
+    }
+}
+
+fn member(servers: &str, group: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", servers)
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    config
+}
+
+async fn ledger() -> sqlx::SqlitePool {
+    let pool = common::sqlite_file(&format!("kafka-faults-{}", common::next_id()), 2).await;
+    idem::migrate(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE kafka_fault_effects (id TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+async fn round(
+    consumer: &KafkaConsumer,
+    pool: &sqlx::SqlitePool,
+) -> Result<KafkaRound<(), sqlx::Error>, idem::inbox::kafka::KafkaRoundError> {
+    consumer
+        .next(pool, |tx, record| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO kafka_fault_effects (id) VALUES (?)")
+                    .bind(record.key().as_str())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+}
+
+/// (rows, distinct ids) of the effects.
+async fn effects(pool: &sqlx::SqlitePool) -> (i64, i64) {
+    sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT id) FROM kafka_fault_effects")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Each partition's committed offset for `group`, and its end.
+fn offsets(servers: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
+    let consumer: BaseConsumer = member(servers, group).create().unwrap();
+    let mut list = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        list.add_partition(topic, partition);
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .unwrap();
+    (0..PARTITIONS)
+        .map(|partition| {
+            let committed = match committed.find_partition(topic, partition).unwrap().offset() {
+                Offset::Offset(n) => n,
+                _ => 0,
+            };
+            let (_, end) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .unwrap();
+            (committed, end)
+        })
+        .collect()
+}
+
+/// Rounds of a new member of `group` until nothing comes for 2 s: how many of its
+/// deliveries were absorbed as copies.
+async fn drain(servers: &str, group: &str, topic: &str, pool: &sqlx::SqlitePool) -> usize {
+    let consumer = KafkaConsumer::new(
+        member(servers, group),
+        &[topic],
+        Inbox::new("faults").unwrap(),
+    )
+    .unwrap()
+    .batch(50, Duration::from_millis(100));
+    let mut absorbed = 0;
+    // The first message waits for the group's join (up to the old member's session, if it
+    // did not leave); then rounds until nothing comes for 2 s. Waiting for a first message
+    // is the one place a round may be cancelled.
+    let mut wait = Duration::from_secs(20);
+    while let Ok(next) = tokio::time::timeout(wait, round(&consumer, pool)).await {
+        wait = Duration::from_secs(2);
+        let round = next.unwrap();
+        absorbed += round
+            .settled
+            .iter()
+            .filter(|(_, s)| matches!(s, Ok(Delivery::Duplicate { .. })))
+            .count();
+    }
+    absorbed
+}
+
+/// The first round's first offset commit is refused with `error`: that partition is
+/// reported lost (the round itself is `Ok`, its messages applied), and a member that comes
+/// after reads it again from the last commit, absorbing what the first applied: each
+/// message once, every offset committed in the end.
+async fn fenced_commit(error: RDKafkaRespErr) {
+    let topic = unique("fenced");
+    let cluster = cluster(&topic);
+    let servers = cluster.bootstrap_servers();
+    produce(&servers, &topic, 20).await;
+    let pool = ledger().await;
+    let group = unique("fenced-group");
+    let consumer = KafkaConsumer::new(
+        member(&servers, &group),
+        &[&topic],
+        Inbox::new("faults").unwrap(),
+    )
+    .unwrap()
+    .batch(50, Duration::from_millis(300));
+    cluster.request_errors(RDKafkaApiKey::OffsetCommit, &[error]);
+    let first = round(&consumer, &pool)
+        .await
+        .unwrap_or_else(|e| panic!("a commit refused with {error:?} failed the round: {e}"));
+    let applied = first
+        .settled
+        .iter()
+        .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(()))))
+        .count();
+    assert!(applied > 0, "the first round applied nothing");
+    assert!(
+        !first.lost.is_empty(),
+        "a commit refused with {error:?} was not reported lost: committed {:?}",
+        first.committed
+    );
+    let lost = first.lost.clone();
+    drop(consumer);
+    let absorbed = drain(&servers, &group, &topic, &pool).await;
+    assert_eq!(effects(&pool).await, (20, 20), "each message applied once");
+    // The lost partitions' messages of the first round were read again and absorbed.
+    let lost_read: usize = first
+        .settled
+        .iter()
+        .filter(|(position, _)| lost.contains(&(position.topic.clone(), position.partition)))
+        .count();
+    assert!(
+        absorbed >= lost_read && lost_read > 0,
+        "{absorbed} absorbed, {lost_read} read in the lost partitions"
+    );
+    let (servers2, group2, topic2) = (servers.clone(), group.clone(), topic.clone());
+    let offsets = tokio::task::spawn_blocking(move || offsets(&servers2, &group2, &topic2))
+        .await
+        .unwrap();
+    for (committed, end) in offsets {
+        assert_eq!(committed, end, "an offset was left behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_commit_refused_for_an_illegal_generation_loses_the_partition_not_the_messages() {
+    fenced_commit(RDKafkaRespErr::RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_commit_refused_for_a_rebalance_in_progress_loses_the_partition_not_the_messages() {
+    fenced_commit(RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_commit_refused_for_an_unknown_member_loses_the_partition_not_the_messages() {
+    fenced_commit(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID).await;
+}
+
+/// A commit refused for another reason (the group not authorized) fails the round as a
+/// whole; its partitions are read again from their first message by the next round, which
+/// absorbs what the database committed and commits every offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_commit_that_fails_otherwise_fails_the_round_and_its_messages_are_read_again() {
+    let topic = unique("commit-fails");
+    let cluster = cluster(&topic);
+    let servers = cluster.bootstrap_servers();
+    produce(&servers, &topic, 20).await;
+    let pool = ledger().await;
+    let group = unique("commit-fails-group");
+    let consumer = KafkaConsumer::new(
+        member(&servers, &group),
+        &[&topic],
+        Inbox::new("faults").unwrap(),
+    )
+    .unwrap()
+    .batch(50, Duration::from_millis(300));
+    cluster.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
+    );
+    let failed = round(&consumer, &pool).await;
+    assert!(failed.is_err(), "the round did not fail: {failed:?}");
+    let applied = effects(&pool).await.0;
+    assert!(applied > 0, "nothing was applied before the commit failed");
+    let mut absorbed = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while effects(&pool).await.1 < 20 || absorbed < applied as usize {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: {:?} effects, {absorbed} absorbed",
+            effects(&pool).await
+        );
+        let round = round(&consumer, &pool).await.unwrap();
+        absorbed += round
+            .settled
+            .iter()
+            .filter(|(_, s)| matches!(s, Ok(Delivery::Duplicate { .. })))
+            .count();
+    }
+    assert_eq!(effects(&pool).await, (20, 20), "each message applied once");
+    let (servers2, group2, topic2) = (servers.clone(), group.clone(), topic.clone());
+    let offsets = tokio::task::spawn_blocking(move || offsets(&servers2, &group2, &topic2))
+        .await
+        .unwrap();
+    for (committed, end) in offsets {
+        assert_eq!(committed, end, "an offset was left behind");
+    }
+}
+
+/// The broker is down when the member starts: its round waits (nothing polled, so it may be
+/// cancelled), and once the broker is up the member joins and consumes everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_consumer_started_while_the_broker_is_down_waits_then_consumes() {
+    let topic = unique("down-at-start");
+    let cluster = cluster(&topic);
+    let servers = cluster.bootstrap_servers();
+    produce(&servers, &topic, 10).await;
+    cluster.broker_down(1).unwrap();
+    let pool = ledger().await;
+    let group = unique("down-group");
+    let consumer = KafkaConsumer::new(
+        member(&servers, &group),
+        &[&topic],
+        Inbox::new("faults").unwrap(),
+    )
+    .unwrap()
+    .batch(50, Duration::from_millis(100));
+    let waited = tokio::time::timeout(Duration::from_secs(3), round(&consumer, &pool)).await;
+    assert!(
+        waited.is_err(),
+        "a round returned with the broker down: {waited:?}"
+    );
+    assert_eq!(effects(&pool).await, (0, 0));
+    cluster.broker_up(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while effects(&pool).await.1 < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: {:?}",
+            effects(&pool).await
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(5), round(&consumer, &pool)).await;
+    }
+    assert_eq!(effects(&pool).await, (10, 10));
+}
+
+/// The broker is down when the relay starts: every attempt fails (after the delivery
+/// timeout), nothing is marked published; once it is up, every message is published and
+/// read, with its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_relay_started_while_the_broker_is_down_holds_messages_back_until_it_is_up() {
+    let topic = unique("relay-down");
+    let cluster = cluster(&topic);
+    let servers = cluster.bootstrap_servers();
+    cluster.broker_down(1).unwrap();
+    let pool = ledger().await;
+    for i in 0..5 {
+        let mut tx = pool.begin().await.unwrap();
+        outbox::stage(
+            &mut tx,
+            Message::bytes(topic.as_str(), format!("{i}")).id(format!("r-{i}")),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &servers)
+        .set("message.timeout.ms", "1000");
+    let relay = Relay::new(
+        pool.clone(),
+        outbox::kafka::Kafka::from_config(config).unwrap(),
+    )
+    .batch_size(10)
+    .publish_timeout(Duration::from_secs(5))
+    .backoff(Duration::from_millis(100), Duration::from_millis(500));
+    let relayed = relay.run_once().await.unwrap();
+    assert_eq!(
+        relayed.published, 0,
+        "published with the broker down: {relayed:?}"
+    );
+    assert_eq!(outbox::backlog(&pool).await.unwrap().pending, 5);
+    cluster.broker_up(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while outbox::backlog(&pool).await.unwrap().pending > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: {:?}",
+            outbox::backlog(&pool).await
+        );
+        let _ = relay.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Read back: each id at least once.
+    let reader: BaseConsumer = member(&servers, &unique("relay-down-reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&[&topic]).unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ids.len() < 5 {
+        assert!(Instant::now() < deadline, "after 30 s read {ids:?}");
+        if let Some(Ok(message)) = reader.poll(Duration::from_millis(100)) {
+            ids.insert(
+                outbox::kafka::message_key(&message)
+                    .unwrap()
+                    .as_str()
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(ids.len(), 5);
+}
