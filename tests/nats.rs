@@ -1,6 +1,7 @@
 //! The inbox against a real NATS JetStream server: redeliveries caused by an ack wait
-//! shorter than the work, and producer retries to concurrent consumers, each produce their
-//! effect exactly once, and every message ends acked.
+//! shorter than the work produce their effect exactly once, and every message ends acked.
+//! Producer retries to concurrent consumers are the broker conformance suite's
+//! (`conformance.rs`).
 //!
 //! Runs when `IDEM_TEST_NATS_URL` is set (see `common/brokers.rs`); each test makes its own
 //! stream and deletes it afterwards.
@@ -12,7 +13,7 @@ use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::{self, Context, stream};
-use brokers::{BrokerMessage, Db, Pause, Workers, cleanup_after, nats_url, outcome_name, unique};
+use brokers::{BrokerMessage, Db, Pause, cleanup_after, nats_url, outcome_name, unique};
 use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use tokio::task::JoinSet;
 /// inside its window, and the duplicates must reach the consumers here.
 const KEY_HEADER: &str = "Idem-Key";
 
-async fn jetstream(url: &str) -> Context {
+pub(crate) async fn jetstream(url: &str) -> Context {
     let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to IDEM_TEST_NATS_URL={url}: {e}"));
@@ -31,7 +32,11 @@ async fn jetstream(url: &str) -> Context {
 }
 
 /// A fresh in-memory stream on subjects `{name}.>`, and one durable pull consumer.
-async fn stream_and_consumer(js: &Context, name: &str, ack_wait: Duration) -> PullConsumer {
+pub(crate) async fn stream_and_consumer(
+    js: &Context,
+    name: &str,
+    ack_wait: Duration,
+) -> PullConsumer {
     let stream = js
         .create_stream(stream::Config {
             name: name.to_owned(),
@@ -54,7 +59,7 @@ async fn stream_and_consumer(js: &Context, name: &str, ack_wait: Duration) -> Pu
         .unwrap()
 }
 
-async fn delete_stream(js: &Context, name: &str) {
+pub(crate) async fn delete_stream(js: &Context, name: &str) {
     if let Err(e) = js.delete_stream(name).await {
         eprintln!("could not delete stream {name}: {e}");
     }
@@ -63,7 +68,6 @@ async fn delete_stream(js: &Context, name: &str) {
 /// One test's stream: see [`on_fresh_stream`].
 struct TestStream {
     js: Context,
-    name: String,
     /// The subject the test publishes on.
     subject: String,
     consumer: PullConsumer,
@@ -83,7 +87,6 @@ where
     let subject = format!("{name}.payments");
     let body = test(TestStream {
         js,
-        name: name.clone(),
         subject,
         consumer,
     });
@@ -92,7 +95,12 @@ where
 }
 
 /// Publishes `payload` under `key`; JetStream's ack is the future returned.
-async fn publish(js: &Context, subject: String, key: &str, payload: String) -> PublishAckFuture {
+pub(crate) async fn publish(
+    js: &Context,
+    subject: String,
+    key: &str,
+    payload: String,
+) -> PublishAckFuture {
     let mut headers = HeaderMap::new();
     headers.insert(KEY_HEADER, key);
     js.publish_with_headers(subject, headers, payload.into())
@@ -130,7 +138,7 @@ impl BrokerMessage for jetstream::Message {
 }
 
 /// Consumer info, polled until `done` holds (acks are asynchronous publishes) or 5 s.
-async fn consumer_info_when(
+pub(crate) async fn consumer_info_when(
     consumer: &PullConsumer,
     done: impl Fn(&async_nats::jetstream::consumer::Info) -> bool,
 ) -> async_nats::jetstream::consumer::Info {
@@ -291,129 +299,5 @@ async fn slow_handler_with_a_lock_timeout_nacks_the_redeliveries_sqlite() {
     slow_handler_with_a_lock_timeout(db, "idem-slow-nack-sqlite").await;
 }
 
-// ---------------------------------------------------------------------------------------
-// 1,000 messages, each published one to three times, to four consumers.
-
-const MESSAGES: i64 = 1000;
-const CONSUMERS: usize = 4;
-
-/// A producer that retried: each of 1,000 messages published one to three times under the
-/// same key (and the same content), shuffled. JetStream keeps every copy (no
-/// `Nats-Msg-Id`), so the consumers really get about 2,000 deliveries; without the inbox
-/// that is about 2,000 effects. Four pull clients of one durable consumer take them
-/// concurrently, copies of the same message included.
-async fn retried_messages_to_four_consumers(db: Db, name: &str) {
-    retried_messages(db, name, None).await;
-}
-
-/// The same, each consumer taking its deliveries in batches of up to `batch` through
-/// `Inbox::batch` (`None`: one delivery at a time).
-async fn retried_messages(db: Db, name: &str, batch: Option<usize>) {
-    let ack_wait = Duration::from_secs(10);
-    on_fresh_stream(name, ack_wait, |fresh| async move {
-        let TestStream {
-            js,
-            name,
-            subject,
-            consumer,
-        } = fresh;
-        let copies = brokers::retried_copies(MESSAGES, 11);
-        let published = copies.len();
-        let mut acks = Vec::with_capacity(published);
-        for m in copies {
-            let (key, payload) = (format!("order:{m}:paid"), format!(r#"{{"order":{m}}}"#));
-            acks.push(publish(&js, subject.clone(), &key, payload).await);
-        }
-        for ack in acks {
-            ack.await.unwrap();
-        }
-        let mut stream = js.get_stream(&name).await.unwrap();
-        let kept = stream.info().await.unwrap().state.messages;
-        assert_eq!(kept, published as u64, "JetStream kept every copy");
-
-        let workers = Workers::new(db, Inbox::new("nats-workers").unwrap(), published);
-        let mut consumers = JoinSet::new();
-        for _ in 0..CONSUMERS {
-            let (workers, consumer) = (workers.clone(), consumer.clone());
-            consumers.spawn(async move {
-                let messages = consumer
-                    .stream()
-                    .max_messages_per_batch(batch.unwrap_or(25).max(25))
-                    .messages()
-                    .await
-                    .unwrap();
-                match batch {
-                    None => workers.consume(messages).await,
-                    Some(max) => workers.consume_batches(messages, max).await,
-                }
-            });
-        }
-        workers.each_effect_once(consumers, MESSAGES).await;
-        if let Some(max) = batch {
-            // Batches formed: as large as allowed, or at least more than one delivery.
-            let largest = workers.largest_batch();
-            assert!(
-                largest <= max && largest >= max.min(2),
-                "largest batch {largest} of {max}"
-            );
-        }
-        // Every message acked, none left to deliver.
-        let info =
-            consumer_info_when(&consumer, |i| i.num_ack_pending == 0 && i.num_pending == 0).await;
-        assert_eq!(info.num_ack_pending, 0, "{info:?}");
-        assert_eq!(info.num_pending, 0, "{info:?}");
-        assert_eq!(info.ack_floor.stream_sequence, published as u64, "{info:?}");
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_to_four_consumers_postgres() {
-    let Some(db) = Db::postgres("nats_workers", 8).await else {
-        return;
-    };
-    retried_messages_to_four_consumers(db, "idem-workers-pg").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_to_four_consumers_sqlite() {
-    let db = Db::sqlite("nats_workers", 4).await;
-    retried_messages_to_four_consumers(db, "idem-workers-sqlite").await;
-}
-
-// The same 1,000 messages through batches of 1, 10 and 100 (`Inbox::batch`), each batch one
-// transaction, acked after its commit.
-
-async fn retried_messages_in_batches(db: impl AsyncFn(usize) -> Db, name: &str) {
-    for size in [1, 10, 100] {
-        retried_messages(db(size).await, &format!("{name}-{size}"), Some(size)).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_postgres() {
-    if brokers::nats_url().is_none() || crate::common::postgres_url().is_none() {
-        return;
-    }
-    let db = async |size| {
-        Db::postgres(&format!("nats_batches_{size}"), 8)
-            .await
-            .unwrap()
-    };
-    retried_messages_in_batches(db, "idem-batches-pg").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_sqlite() {
-    let db = async |size| Db::sqlite(&format!("nats_batches_{size}"), 4).await;
-    retried_messages_in_batches(db, "idem-batches-sqlite").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_mysql() {
-    if brokers::nats_url().is_none() || crate::common::mysql_url().is_none() {
-        return;
-    }
-    let db = async |size| Db::mysql(&format!("nats_batches_{size}"), 8).await.unwrap();
-    retried_messages_in_batches(db, "idem-batches-my").await;
-}
+// Retried messages to four consumers (one at a time and in batches): the broker
+// conformance suite, `conformance.rs`.

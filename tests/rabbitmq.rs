@@ -1,6 +1,7 @@
 //! The inbox against a real RabbitMQ: a consumer process killed (SIGKILL) after its commit
-//! and before its ack, or before its commit, and producer retries to concurrent consumers.
-//! Each message's effect happens exactly once, and every message ends acked.
+//! and before its ack, or before its commit, one delivery at a time or a batch at a time.
+//! Each message's effect happens exactly once, and every message ends acked. Producer
+//! retries to concurrent consumers are the broker conformance suite's (`conformance.rs`).
 //!
 //! Runs when `IDEM_TEST_AMQP_URL` is set (see `common/brokers.rs`); each test declares its
 //! own queue and deletes it afterwards.
@@ -12,7 +13,7 @@ use crate::brokers;
 use crate::child;
 
 use brokers::{
-    BrokerMessage, Db, Pause, Workers, amqp_url, cleanup_after, outcome_name, poll_until, unique,
+    BrokerMessage, Db, Pause, amqp_url, cleanup_after, outcome_name, poll_until, unique,
 };
 use child::{ChildProcess, report};
 use futures_util::StreamExt;
@@ -25,9 +26,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinSet;
 
-async fn connect(url: &str) -> Connection {
+pub(crate) async fn connect(url: &str) -> Connection {
     Connection::connect(url, ConnectionProperties::default())
         .await
         .unwrap_or_else(|e| panic!("cannot connect to IDEM_TEST_AMQP_URL={url}: {e}"))
@@ -35,7 +35,7 @@ async fn connect(url: &str) -> Connection {
 
 /// A fresh queue `name` (not exclusive: consumers in other processes use it), expiring on
 /// its own if a killed test run leaves it behind.
-async fn declare(channel: &Channel, name: &str) {
+pub(crate) async fn declare(channel: &Channel, name: &str) {
     let mut arguments = FieldTable::default();
     arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
     channel
@@ -46,7 +46,7 @@ async fn declare(channel: &Channel, name: &str) {
 
 /// (ready, consumers) of a queue: messages waiting for delivery, neither delivered nor
 /// acked, and consumers attached.
-async fn queue_state(channel: &Channel, name: &str) -> (u32, u32) {
+pub(crate) async fn queue_state(channel: &Channel, name: &str) -> (u32, u32) {
     let options = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -64,7 +64,7 @@ async fn queue_state_becomes(channel: &Channel, name: &str, expected: (u32, u32)
     poll_until(Duration::from_secs(10), probe, |state| *state == expected).await
 }
 
-async fn delete_queue(channel: &Channel, name: &str) {
+pub(crate) async fn delete_queue(channel: &Channel, name: &str) {
     if let Err(e) = channel
         .queue_delete(name.into(), QueueDeleteOptions::default())
         .await
@@ -75,7 +75,6 @@ async fn delete_queue(channel: &Channel, name: &str) {
 
 /// One test's queue: see [`on_fresh_queue`].
 struct TestQueue {
-    connection: Arc<Connection>,
     /// A channel with publisher confirms.
     channel: Channel,
     name: String,
@@ -97,7 +96,6 @@ where
     let name = unique(name);
     declare(&channel, &name).await;
     let body = test(TestQueue {
-        connection: connection.clone(),
         channel: channel.clone(),
         name: name.clone(),
     });
@@ -107,7 +105,12 @@ where
 
 /// Publishes a persistent message with the producer's message id; the broker's confirm is
 /// the future returned.
-async fn publish(channel: &Channel, queue: &str, key: &str, payload: &[u8]) -> PublisherConfirm {
+pub(crate) async fn publish(
+    channel: &Channel,
+    queue: &str,
+    key: &str,
+    payload: &[u8],
+) -> PublisherConfirm {
     let properties = BasicProperties::default()
         .with_message_id(key.into())
         .with_delivery_mode(2);
@@ -416,113 +419,7 @@ async fn killed_before_commit_the_redelivery_applies_once_sqlite() {
     killed_consumer(db, "before_commit").await;
 }
 
-// ---------------------------------------------------------------------------------------
-// 1,000 messages, each published one to three times, to four consumers.
-
-const MESSAGES: i64 = 1000;
-const CONSUMERS: usize = 4;
-
-/// A producer that retried: each of 1,000 messages published one to three times with the
-/// same message id and content, shuffled: about 2,000 deliveries, so about 2,000 effects
-/// without the inbox. Four consumers, each on its own channel, take them concurrently.
-async fn retried_messages_to_four_consumers(db: Db, name: &str) {
-    retried_messages(db, name, None).await;
-}
-
-/// The same, each consumer taking its deliveries in batches of up to `batch` (its prefetch
-/// at least that) through `Inbox::batch` (`None`: one delivery at a time).
-async fn retried_messages(db: Db, name: &str, batch: Option<usize>) {
-    on_fresh_queue(name, |fresh| async move {
-        let TestQueue {
-            connection,
-            channel,
-            name: queue,
-        } = fresh;
-        let mut channels = Vec::new();
-        for _ in 0..CONSUMERS {
-            let channel = connection.create_channel().await.unwrap();
-            channel
-                .basic_qos(
-                    batch.unwrap_or(20).max(20) as u16,
-                    BasicQosOptions::default(),
-                )
-                .await
-                .unwrap();
-            channels.push(channel);
-        }
-        let copies = brokers::retried_copies(MESSAGES, 13);
-        let published = copies.len();
-        let mut confirms = Vec::with_capacity(published);
-        for m in copies {
-            let (key, payload) = (format!("order-{m}-paid"), format!(r#"{{"order":{m}}}"#));
-            confirms.push(publish(&channel, &queue, &key, payload.as_bytes()).await);
-        }
-        for confirm in confirms {
-            assert!(confirm.await.unwrap().is_ack());
-        }
-        assert_eq!(
-            queue_state(&channel, &queue).await,
-            (published as u32, 0),
-            "every copy queued"
-        );
-
-        let workers = Workers::new(db, Inbox::new("rabbit-workers").unwrap(), published);
-        let mut consumers = JoinSet::new();
-        for (n, consumer_channel) in channels.into_iter().enumerate() {
-            let (workers, queue) = (workers.clone(), queue.clone());
-            consumers.spawn(async move {
-                let mut deliveries = consumer_channel
-                    .basic_consume(
-                        queue.as_str().into(),
-                        format!("worker-{n}").into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
-                let counts = match batch {
-                    None => workers.consume(&mut deliveries).await,
-                    Some(max) => workers.consume_batches(&mut deliveries, max).await,
-                };
-                // Closing the channel would requeue anything unacked. The consumer is
-                // dropped after it: dropped before, lapin cancels it in the background,
-                // and that cancel, meeting the channel closing, failed the close (seen
-                // once in a full run).
-                consumer_channel.close(200, "done".into()).await.unwrap();
-                drop(deliveries);
-                counts
-            });
-        }
-        workers.each_effect_once(consumers, MESSAGES).await;
-        if let Some(max) = batch {
-            // Batches formed: as large as allowed, or at least more than one delivery.
-            let largest = workers.largest_batch();
-            assert!(
-                largest <= max && largest >= max.min(2),
-                "largest batch {largest} of {max}"
-            );
-        }
-        // Every message acked: the consumers' channels are closed and nothing came back.
-        assert_eq!(queue_state(&channel, &queue).await, (0, 0));
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_to_four_consumers_postgres() {
-    let Some(db) = Db::postgres("rabbit_workers", 8).await else {
-        return;
-    };
-    retried_messages_to_four_consumers(db, "idem-workers-pg").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_to_four_consumers_sqlite() {
-    let db = Db::sqlite("rabbit_workers", 4).await;
-    retried_messages_to_four_consumers(db, "idem-workers-sqlite").await;
-}
-
-// The same three with MariaDB as the consumers' store.
+// The same two with MariaDB as the consumers' store.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_mysql() {
@@ -540,54 +437,8 @@ async fn killed_before_commit_the_redelivery_applies_once_mysql() {
     killed_consumer(db, "before_commit").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_to_four_consumers_mysql() {
-    let Some(db) = Db::mysql("rabbit_workers", 8).await else {
-        return;
-    };
-    retried_messages_to_four_consumers(db, "idem-workers-my").await;
-}
-
-// The same 1,000 messages through batches of 1, 10 and 100 (`Inbox::batch`), each batch one
-// transaction, acked after its commit.
-
-async fn retried_messages_in_batches(db: impl AsyncFn(usize) -> Db, name: &str) {
-    for size in [1, 10, 100] {
-        retried_messages(db(size).await, &format!("{name}-{size}"), Some(size)).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_postgres() {
-    if brokers::amqp_url().is_none() || crate::common::postgres_url().is_none() {
-        return;
-    }
-    let db = async |size| {
-        Db::postgres(&format!("rabbit_batches_{size}"), 8)
-            .await
-            .unwrap()
-    };
-    retried_messages_in_batches(db, "idem-batches-pg").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_sqlite() {
-    let db = async |size| Db::sqlite(&format!("rabbit_batches_{size}"), 4).await;
-    retried_messages_in_batches(db, "idem-batches-sqlite").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retried_messages_in_batches_of_1_10_100_mysql() {
-    if brokers::amqp_url().is_none() || crate::common::mysql_url().is_none() {
-        return;
-    }
-    let db = async |size| {
-        Db::mysql(&format!("rabbit_batches_{size}"), 8)
-            .await
-            .unwrap()
-    };
-    retried_messages_in_batches(db, "idem-batches-my").await;
-}
+// Retried messages to four consumers (one at a time and in batches): the broker
+// conformance suite, `conformance.rs`.
 
 // ---------------------------------------------------------------------------------------
 // A consumer process killed in the middle of a batch.

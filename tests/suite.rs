@@ -39,6 +39,7 @@ mod clocks;
 mod composite_keys;
 mod composition;
 mod concurrency;
+mod conformance;
 mod consumer_handlers;
 mod crashes;
 mod creation;

@@ -372,6 +372,20 @@ impl KafkaConsumer {
         self
     }
 
+    /// The partitions this member owns now, as of the last rebalance it took part in (a
+    /// member takes part while a round waits for messages), sorted: for health checks and
+    /// logs, and to wait for a group to settle.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        let ownership = self
+            .tracker()
+            .ownership
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut owned: Vec<(String, i32)> = ownership.owned.keys().cloned().collect();
+        owned.sort();
+        owned
+    }
+
     /// One round: waits for a message, takes what comes within the batch's wait (at most its
     /// size), runs each partition's messages as one [`Inbox::batch`] with `handler`, then
     /// commits each partition's next offset, or seeks back to its first message that needs

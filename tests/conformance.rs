@@ -1,0 +1,622 @@
+//! The broker conformance suite: the scenarios every broker idem consumes from must pass,
+//! written once against a small trait of the tests' own ([`Broker`]: a fresh destination,
+//! publish, consumers, "is everything settled", delete) and run against NATS JetStream,
+//! RabbitMQ and Kafka, on SQLite, PostgreSQL and MariaDB.
+//!
+//! What only one broker has stays in its own file: JetStream's ack wait and `Nats-Msg-Id`
+//! window (`nats.rs`), RabbitMQ's requeue on a dead connection and its confirms
+//! (`rabbitmq.rs`), Kafka's rebalances, fenced commits and sessions (`inbox_kafka.rs`,
+//! `kafka_faults.rs`). The coupon chain runs over JetStream and Kafka in `chain.rs`.
+//!
+//! **Retried messages.** A producer that retried: each of 1,000 messages published one to
+//! three times under the same key and content, shuffled; the broker keeps every copy (about
+//! 2,000 deliveries, so about 2,000 effects without the inbox). Four consumers take them
+//! concurrently — JetStream's pull clients of one durable consumer, RabbitMQ's consumers on
+//! channels of their own, Kafka's members of one group on a topic of six partitions —, one
+//! delivery at a time or in batches of 1, 10 and 100 (`Inbox::batch`; a Kafka member always
+//! runs its rounds as batches, `KafkaConsumer`). Every message has its effect exactly once,
+//! every copy is absorbed, and every message ends acknowledged (Kafka: every partition's
+//! offset committed to its end).
+
+use crate::brokers::{self, Db, KAFKA_PARTITIONS, Workers, kafka_topic, unique};
+use crate::{nats, rabbitmq};
+
+use futures_util::FutureExt;
+use idem::inbox::kafka::{KafkaConsumer, KafkaRound};
+use idem::inbox::{Delivery, Inbox};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+const MESSAGES: i64 = 1000;
+const CONSUMERS: usize = 4;
+
+/// A broker as the scenarios use it: one destination of the test's own.
+trait Broker: Sized {
+    /// Its name in the tests' messages.
+    const NAME: &'static str;
+    /// Whether its consumers may read a message again with no failure at all (a Kafka
+    /// group's partitions moving while members join): more copies absorbed than published.
+    const REREADS: bool;
+    /// Whether the consumers start before the messages are published (a Kafka group
+    /// settles its members first, so that each owns partitions when the messages come).
+    const CONSUMERS_FIRST: bool;
+
+    /// A fresh destination, or `None` when the broker's URL is not set (see
+    /// `common/brokers.rs`).
+    async fn fresh(prefix: &str) -> Option<Self>;
+
+    /// Publishes each `(key, payload)`, and waits for the broker's acknowledgements.
+    async fn publish(&self, messages: &[(String, String)]);
+
+    /// How many messages the destination holds (acknowledged ones included, where it keeps
+    /// them).
+    async fn held(&self) -> u64;
+
+    /// Starts `consumers` consumers handing their deliveries to `workers`, one at a time or
+    /// in batches of up to `batch`; each returns (deliveries taken, processed). A consumer
+    /// that does not stop on its own stops when `stop` turns true.
+    async fn consumers(
+        &self,
+        workers: &Workers,
+        consumers: usize,
+        batch: Option<usize>,
+        stop: watch::Receiver<bool>,
+    ) -> JoinSet<(usize, usize)>;
+
+    /// Whether every message is acknowledged (or its offset committed) and none waits.
+    async fn settled(&self) -> bool;
+
+    /// Removes the destination.
+    async fn delete(&self);
+}
+
+/// Runs `scenario` on a fresh destination of `B`, then deletes it, passed or failed.
+async fn on_fresh<B: Broker>(prefix: &str, scenario: impl AsyncFnOnce(&B)) {
+    let Some(broker) = B::fresh(prefix).await else {
+        return;
+    };
+    let ran = std::panic::AssertUnwindSafe(scenario(&broker))
+        .catch_unwind()
+        .await;
+    broker.delete().await;
+    if let Err(panic) = ran {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// See the [module](self): retried messages to four consumers, one delivery at a time
+/// (`batch: None`) or in batches.
+async fn retried_messages<B: Broker>(db: Db, batch: Option<usize>) {
+    on_fresh::<B>("conformance", async |broker| {
+        let copies = brokers::retried_copies(MESSAGES, 11);
+        let published = copies.len();
+        let messages: Vec<(String, String)> = copies
+            .iter()
+            .map(|m| (format!("order:{m}:paid"), format!(r#"{{"order":{m}}}"#)))
+            .collect();
+        let workers = Workers::new(db, Inbox::new("conformance").unwrap(), published);
+        let (stop, stopped) = watch::channel(false);
+        let mut consumers = None;
+        if B::CONSUMERS_FIRST {
+            consumers = Some(
+                broker
+                    .consumers(&workers, CONSUMERS, batch, stopped.clone())
+                    .await,
+            );
+        }
+        broker.publish(&messages).await;
+        assert_eq!(
+            broker.held().await,
+            published as u64,
+            "{} kept every copy",
+            B::NAME
+        );
+        let consumers = match consumers {
+            Some(consumers) => consumers,
+            None => broker.consumers(&workers, CONSUMERS, batch, stopped).await,
+        };
+        if B::REREADS {
+            // A group reads until every message is applied and every offset committed.
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while workers.db().distinct_effects().await < MESSAGES || !broker.settled().await {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: after 120 s, {} of {MESSAGES} applied",
+                    B::NAME,
+                    workers.db().distinct_effects().await
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            stop.send(true).unwrap();
+        }
+        workers
+            .each_effect_once(consumers, MESSAGES, B::REREADS)
+            .await;
+        if let Some(max) = batch {
+            // Batches formed: as large as allowed, or at least more than one delivery.
+            let largest = workers.largest_batch();
+            assert!(
+                largest <= max && largest >= max.min(2),
+                "{}: largest batch {largest} of {max}",
+                B::NAME
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !broker.settled().await {
+            assert!(
+                Instant::now() < deadline,
+                "{}: messages left unacknowledged",
+                B::NAME
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// NATS JetStream: a memory stream and one durable pull consumer, its pull clients the
+// consumers. The key travels in a header of the tests' own, not `Nats-Msg-Id` (JetStream
+// would drop the copies inside its window, and the copies must reach the consumers).
+
+struct Nats {
+    js: async_nats::jetstream::Context,
+    name: String,
+    consumer: async_nats::jetstream::consumer::PullConsumer,
+}
+
+impl Broker for Nats {
+    const NAME: &'static str = "JetStream";
+    const REREADS: bool = false;
+    const CONSUMERS_FIRST: bool = false;
+
+    async fn fresh(prefix: &str) -> Option<Nats> {
+        let url = brokers::nats_url()?;
+        let js = nats::jetstream(&url).await;
+        let name = unique(prefix);
+        let consumer = nats::stream_and_consumer(&js, &name, Duration::from_secs(10)).await;
+        Some(Nats { js, name, consumer })
+    }
+
+    async fn publish(&self, messages: &[(String, String)]) {
+        let mut acks = Vec::with_capacity(messages.len());
+        for (key, payload) in messages {
+            let subject = format!("{}.payments", self.name);
+            acks.push(nats::publish(&self.js, subject, key, payload.clone()).await);
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+    }
+
+    async fn held(&self) -> u64 {
+        let mut stream = self.js.get_stream(&self.name).await.unwrap();
+        stream.info().await.unwrap().state.messages
+    }
+
+    async fn consumers(
+        &self,
+        workers: &Workers,
+        consumers: usize,
+        batch: Option<usize>,
+        _: watch::Receiver<bool>,
+    ) -> JoinSet<(usize, usize)> {
+        let mut set = JoinSet::new();
+        for _ in 0..consumers {
+            let (workers, consumer) = (workers.clone(), self.consumer.clone());
+            set.spawn(async move {
+                let messages = consumer
+                    .stream()
+                    .max_messages_per_batch(batch.unwrap_or(25).max(25))
+                    .messages()
+                    .await
+                    .unwrap();
+                match batch {
+                    None => workers.consume(messages).await,
+                    Some(max) => workers.consume_batches(messages, max).await,
+                }
+            });
+        }
+        set
+    }
+
+    async fn settled(&self) -> bool {
+        let info = nats::consumer_info_when(&self.consumer, |i| {
+            i.num_ack_pending == 0 && i.num_pending == 0
+        })
+        .await;
+        let held = self.held().await;
+        info.num_ack_pending == 0 && info.num_pending == 0 && info.ack_floor.stream_sequence == held
+    }
+
+    async fn delete(&self) {
+        nats::delete_stream(&self.js, &self.name).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// RabbitMQ: a queue, a channel with publisher confirms to publish, and one channel per
+// consumer (its prefetch at least the batch).
+
+struct Rabbit {
+    connection: Arc<lapin::Connection>,
+    channel: lapin::Channel,
+    queue: String,
+}
+
+impl Broker for Rabbit {
+    const NAME: &'static str = "RabbitMQ";
+    const REREADS: bool = false;
+    const CONSUMERS_FIRST: bool = false;
+
+    async fn fresh(prefix: &str) -> Option<Rabbit> {
+        let url = brokers::amqp_url()?;
+        let connection = Arc::new(rabbitmq::connect(&url).await);
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let queue = unique(prefix);
+        rabbitmq::declare(&channel, &queue).await;
+        Some(Rabbit {
+            connection,
+            channel,
+            queue,
+        })
+    }
+
+    async fn publish(&self, messages: &[(String, String)]) {
+        let mut confirms = Vec::with_capacity(messages.len());
+        for (key, payload) in messages {
+            confirms
+                .push(rabbitmq::publish(&self.channel, &self.queue, key, payload.as_bytes()).await);
+        }
+        for confirm in confirms {
+            assert!(confirm.await.unwrap().is_ack());
+        }
+    }
+
+    async fn held(&self) -> u64 {
+        // Before any consumer: every copy is ready in the queue.
+        let (ready, _) = rabbitmq::queue_state(&self.channel, &self.queue).await;
+        u64::from(ready)
+    }
+
+    async fn consumers(
+        &self,
+        workers: &Workers,
+        consumers: usize,
+        batch: Option<usize>,
+        _: watch::Receiver<bool>,
+    ) -> JoinSet<(usize, usize)> {
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        let mut set = JoinSet::new();
+        for n in 0..consumers {
+            let channel = self.connection.create_channel().await.unwrap();
+            let prefetch = batch.unwrap_or(20).max(20) as u16;
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+                .unwrap();
+            let (workers, queue) = (workers.clone(), self.queue.clone());
+            set.spawn(async move {
+                let mut deliveries = channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        format!("worker-{n}").into(),
+                        BasicConsumeOptions::default(),
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let counts = match batch {
+                    None => workers.consume(&mut deliveries).await,
+                    Some(max) => workers.consume_batches(&mut deliveries, max).await,
+                };
+                // Closing the channel would requeue anything unacked. The consumer is
+                // dropped after it: dropped before, lapin cancels it in the background,
+                // and that cancel, meeting the channel closing, failed the close.
+                channel.close(200, "done".into()).await.unwrap();
+                drop(deliveries);
+                counts
+            });
+        }
+        set
+    }
+
+    async fn settled(&self) -> bool {
+        // The consumers' channels are closed once they end, so an unacknowledged delivery
+        // would be back in the queue.
+        rabbitmq::queue_state(&self.channel, &self.queue).await == (0, 0)
+    }
+
+    async fn delete(&self) {
+        rabbitmq::delete_queue(&self.channel, &self.queue).await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kafka: a topic of six partitions; the consumers are members of one group
+// (`KafkaConsumer`), whose rounds run each partition's messages as one `Inbox::batch` and
+// commit the partition's offset after the database's commit. The key travels in the
+// `idem-message-id` header, as an idem relay sends it.
+
+struct Kafka {
+    url: String,
+    topic: String,
+    group: String,
+}
+
+impl Kafka {
+    fn member(&self) -> rdkafka::ClientConfig {
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.url)
+            .set("group.id", &self.group)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        config
+    }
+
+    /// Each partition's committed offset and its end.
+    async fn offsets(&self) -> Vec<(i64, i64)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let (config, topic) = (self.member(), self.topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = config.create().unwrap();
+            let mut list = rdkafka::TopicPartitionList::new();
+            for partition in 0..KAFKA_PARTITIONS {
+                list.add_partition(&topic, partition);
+            }
+            let committed = consumer
+                .committed_offsets(list, Duration::from_secs(10))
+                .unwrap();
+            (0..KAFKA_PARTITIONS)
+                .map(|partition| {
+                    let committed = committed
+                        .find_partition(&topic, partition)
+                        .unwrap()
+                        .offset();
+                    let committed = match committed {
+                        rdkafka::Offset::Offset(n) => n,
+                        _ => 0,
+                    };
+                    let (_, end) = consumer
+                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                        .unwrap();
+                    (committed, end)
+                })
+                .collect()
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// One round of a member, each message's effect a row in `effects`.
+macro_rules! kafka_round {
+    ($consumer:expr, $pool:expr, $positional:expr) => {
+        $consumer
+            .next($pool, |tx, record| {
+                Box::pin(async move {
+                    let order = brokers::order_of(record.key());
+                    sqlx::query(crate::common::placed(
+                        $positional,
+                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
+                    ))
+                    .bind(order)
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok::<_, sqlx::Error>(order)
+                })
+            })
+            .await
+            .unwrap()
+    };
+}
+
+async fn kafka_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, sqlx::Error> {
+    match db {
+        Db::Postgres(pool) => kafka_round!(consumer, pool, false),
+        Db::Sqlite(pool) => kafka_round!(consumer, pool, false),
+        Db::MySql(pool) => kafka_round!(consumer, pool, true),
+    }
+}
+
+impl Broker for Kafka {
+    const NAME: &'static str = "Kafka";
+    const REREADS: bool = true;
+    const CONSUMERS_FIRST: bool = true;
+
+    async fn fresh(prefix: &str) -> Option<Kafka> {
+        let url = brokers::kafka_url()?;
+        let topic = kafka_topic(&url, prefix).await;
+        let group = unique("conformance-group");
+        Some(Kafka { url, topic, group })
+    }
+
+    async fn publish(&self, messages: &[(String, String)]) {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        // Not idempotent: the copies are sent on purpose.
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.url)
+            .set("enable.idempotence", "false")
+            .set("acks", "all")
+            .create()
+            .unwrap();
+        let sends = messages.iter().map(|(key, payload)| {
+            let record = FutureRecord::to(&self.topic)
+                .key(key)
+                .payload(payload)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: idem::outbox::kafka::ID_HEADER,
+                    value: Some(key.as_bytes()),
+                }));
+            producer.send(record, Duration::from_secs(30))
+        });
+        for sent in futures_util::future::join_all(sends).await {
+            sent.unwrap();
+        }
+    }
+
+    async fn held(&self) -> u64 {
+        self.offsets()
+            .await
+            .iter()
+            .map(|(_, end)| *end as u64)
+            .sum()
+    }
+
+    /// The members join before anything is published and are waited for, so that each
+    /// owns a partition when the messages come: all of them take deliveries.
+    async fn consumers(
+        &self,
+        workers: &Workers,
+        consumers: usize,
+        batch: Option<usize>,
+        stop: watch::Receiver<bool>,
+    ) -> JoinSet<(usize, usize)> {
+        let members: Vec<Arc<KafkaConsumer>> = (0..consumers)
+            .map(|_| {
+                let member =
+                    KafkaConsumer::new(self.member(), &[&self.topic], workers.inbox().clone())
+                        .unwrap()
+                        .batch(batch.unwrap_or(1), Duration::from_millis(50));
+                Arc::new(member)
+            })
+            .collect();
+        let mut set = JoinSet::new();
+        for member in &members {
+            let (member, workers, mut stop) = (member.clone(), workers.clone(), stop.clone());
+            set.spawn(async move {
+                let (mut mine, mut processed) = (0, 0);
+                loop {
+                    // Stopped only once every offset is committed: the round then waits
+                    // for a first message, the one place it may be cancelled.
+                    let round = tokio::select! {
+                        _ = stop.wait_for(|stop| *stop) => break,
+                        round = kafka_round(&member, workers.db()) => round,
+                    };
+                    workers.note_batch(round.settled.len());
+                    mine += round.settled.len();
+                    processed += round
+                        .settled
+                        .iter()
+                        .filter(|(_, s)| matches!(s, Ok(Delivery::Processed(_))))
+                        .count();
+                }
+                (mine, processed)
+            });
+        }
+        // Every member owns a partition, and together they own the topic.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let owned: Vec<Vec<(String, i32)>> = members.iter().map(|m| m.assignment()).collect();
+            let all: usize = owned.iter().map(Vec::len).sum();
+            if owned.iter().all(|o| !o.is_empty()) && all == KAFKA_PARTITIONS as usize {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the group did not settle in 60 s: {owned:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        set
+    }
+
+    async fn settled(&self) -> bool {
+        self.offsets()
+            .await
+            .iter()
+            .all(|(committed, end)| committed == end)
+    }
+
+    async fn delete(&self) {
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &self.url)
+                .create()
+                .unwrap();
+        let _ = admin
+            .delete_topics(&[self.topic.as_str()], &rdkafka::admin::AdminOptions::new())
+            .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The runs: each broker × each database, one delivery at a time and in batches.
+
+/// The database of a run, or `None` without its server.
+async fn database(backend: &str, name: &str) -> Option<Db> {
+    match backend {
+        "postgres" => Db::postgres(name, 8).await,
+        "mysql" => Db::mysql(name, 8).await,
+        _ => Some(Db::sqlite(name, 4).await),
+    }
+}
+
+async fn one_at_a_time<B: Broker>(backend: &str) {
+    let name = format!("conformance_{}_{backend}", B::NAME.to_lowercase());
+    let Some(db) = database(backend, &name).await else {
+        return;
+    };
+    retried_messages::<B>(db, None).await;
+}
+
+async fn in_batches<B: Broker>(backend: &str) {
+    for size in [1, 10, 100] {
+        let name = format!("conformance_{}_{backend}_{size}", B::NAME.to_lowercase());
+        let Some(db) = database(backend, &name).await else {
+            return;
+        };
+        retried_messages::<B>(db, Some(size)).await;
+    }
+}
+
+macro_rules! runs {
+    ($broker:ty, $prefix:ident) => {
+        mod $prefix {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_to_four_consumers_postgres() {
+                one_at_a_time::<$broker>("postgres").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_to_four_consumers_sqlite() {
+                one_at_a_time::<$broker>("sqlite").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_to_four_consumers_mysql() {
+                one_at_a_time::<$broker>("mysql").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_in_batches_of_1_10_100_postgres() {
+                in_batches::<$broker>("postgres").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_in_batches_of_1_10_100_sqlite() {
+                in_batches::<$broker>("sqlite").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn retried_messages_in_batches_of_1_10_100_mysql() {
+                in_batches::<$broker>("mysql").await;
+            }
+        }
+    };
+}
+
+runs!(Nats, jetstream);
+runs!(Rabbit, rabbit);
+runs!(Kafka, kafka);
