@@ -17,8 +17,19 @@
 //! runs its rounds as batches, `KafkaConsumer`). Every message has its effect exactly once,
 //! every copy is absorbed, and every message ends acknowledged (Kafka: every partition's
 //! offset committed to its end).
+//!
+//! **A consumer killed.** One message; a consumer process killed with SIGKILL after its
+//! database commit and before it tells the broker (its ack, or its offset's commit), or
+//! before its commit, the effect written; then a new consumer process. The broker hands the
+//! message over again (RabbitMQ at once, JetStream after its ack wait, Kafka once the dead
+//! member's session ends); killed after the commit, the redelivery is absorbed as a
+//! duplicate; killed before, it applies once. Either way one effect, one record, and the
+//! message ends acknowledged.
 
-use crate::brokers::{self, Db, KAFKA_PARTITIONS, Workers, kafka_topic, unique};
+use crate::brokers::{
+    self, BrokerMessage, Db, KAFKA_PARTITIONS, Pause, Workers, kafka_topic, unique,
+};
+use crate::child::{ChildProcess, report};
 use crate::{nats, rabbitmq};
 
 use futures_util::FutureExt;
@@ -44,8 +55,12 @@ trait Broker: Sized {
     const CONSUMERS_FIRST: bool;
 
     /// A fresh destination, or `None` when the broker's URL is not set (see
-    /// `common/brokers.rs`).
-    async fn fresh(prefix: &str) -> Option<Self>;
+    /// `common/brokers.rs`). A delivery not acknowledged is handed out again after
+    /// `redeliver_after` where the broker has such a setting (JetStream's ack wait).
+    async fn fresh(prefix: &str, redeliver_after: Duration) -> Option<Self>;
+
+    /// What a consumer process needs to find the destination (see [`consumer_process`]).
+    fn child_env(&self) -> Vec<(&'static str, String)>;
 
     /// Publishes each `(key, payload)`, and waits for the broker's acknowledgements.
     async fn publish(&self, messages: &[(String, String)]);
@@ -73,8 +88,12 @@ trait Broker: Sized {
 }
 
 /// Runs `scenario` on a fresh destination of `B`, then deletes it, passed or failed.
-async fn on_fresh<B: Broker>(prefix: &str, scenario: impl AsyncFnOnce(&B)) {
-    let Some(broker) = B::fresh(prefix).await else {
+async fn on_fresh<B: Broker>(
+    prefix: &str,
+    redeliver_after: Duration,
+    scenario: impl AsyncFnOnce(&B),
+) {
+    let Some(broker) = B::fresh(prefix, redeliver_after).await else {
         return;
     };
     let ran = std::panic::AssertUnwindSafe(scenario(&broker))
@@ -89,7 +108,8 @@ async fn on_fresh<B: Broker>(prefix: &str, scenario: impl AsyncFnOnce(&B)) {
 /// See the [module](self): retried messages to four consumers, one delivery at a time
 /// (`batch: None`) or in batches.
 async fn retried_messages<B: Broker>(db: Db, batch: Option<usize>) {
-    on_fresh::<B>("conformance", async |broker| {
+    // Long enough that a delivery waiting in a consumer's buffer is not handed out again.
+    on_fresh::<B>("conformance", Duration::from_secs(10), async |broker| {
         let copies = brokers::retried_copies(MESSAGES, 11);
         let published = copies.len();
         let messages: Vec<(String, String)> = copies
@@ -172,12 +192,19 @@ impl Broker for Nats {
     const REREADS: bool = false;
     const CONSUMERS_FIRST: bool = false;
 
-    async fn fresh(prefix: &str) -> Option<Nats> {
+    async fn fresh(prefix: &str, redeliver_after: Duration) -> Option<Nats> {
         let url = brokers::nats_url()?;
         let js = nats::jetstream(&url).await;
         let name = unique(prefix);
-        let consumer = nats::stream_and_consumer(&js, &name, Duration::from_secs(10)).await;
+        let consumer = nats::stream_and_consumer(&js, &name, redeliver_after).await;
         Some(Nats { js, name, consumer })
+    }
+
+    fn child_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_CONFORMANCE_BROKER", "nats".into()),
+            ("IDEM_CONFORMANCE_DEST", self.name.clone()),
+        ]
     }
 
     async fn publish(&self, messages: &[(String, String)]) {
@@ -251,7 +278,7 @@ impl Broker for Rabbit {
     const REREADS: bool = false;
     const CONSUMERS_FIRST: bool = false;
 
-    async fn fresh(prefix: &str) -> Option<Rabbit> {
+    async fn fresh(prefix: &str, _: Duration) -> Option<Rabbit> {
         let url = brokers::amqp_url()?;
         let connection = Arc::new(rabbitmq::connect(&url).await);
         let channel = connection.create_channel().await.unwrap();
@@ -266,6 +293,13 @@ impl Broker for Rabbit {
             channel,
             queue,
         })
+    }
+
+    fn child_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_CONFORMANCE_BROKER", "rabbit".into()),
+            ("IDEM_CONFORMANCE_DEST", self.queue.clone()),
+        ]
     }
 
     async fn publish(&self, messages: &[(String, String)]) {
@@ -351,15 +385,20 @@ struct Kafka {
     group: String,
 }
 
+/// A member of `group`: a session of 6 s, so a dead member's partitions move on quickly.
+fn kafka_member(url: &str, group: &str) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", url)
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    config
+}
+
 impl Kafka {
     fn member(&self) -> rdkafka::ClientConfig {
-        let mut config = rdkafka::ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.url)
-            .set("group.id", &self.group)
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500");
-        config
+        kafka_member(&self.url, &self.group)
     }
 
     /// Each partition's committed offset and its end.
@@ -397,9 +436,10 @@ impl Kafka {
     }
 }
 
-/// One round of a member, each message's effect a row in `effects`.
+/// One round of a member, each message's effect a row in `effects`, after `pause` in its
+/// handler.
 macro_rules! kafka_round {
-    ($consumer:expr, $pool:expr, $positional:expr) => {
+    ($consumer:expr, $pool:expr, $positional:expr, $pause:expr) => {
         $consumer
             .next($pool, |tx, record| {
                 Box::pin(async move {
@@ -411,6 +451,10 @@ macro_rules! kafka_round {
                     .bind(order)
                     .execute(&mut **tx)
                     .await?;
+                    if let Pause::Forever(point) = $pause {
+                        crate::child::report(&format!("crash-point {point}"));
+                        std::future::pending::<()>().await;
+                    }
                     Ok::<_, sqlx::Error>(order)
                 })
             })
@@ -420,10 +464,18 @@ macro_rules! kafka_round {
 }
 
 async fn kafka_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, sqlx::Error> {
+    kafka_round_paused(consumer, db, Pause::None).await
+}
+
+async fn kafka_round_paused(
+    consumer: &KafkaConsumer,
+    db: &Db,
+    pause: Pause,
+) -> KafkaRound<i64, sqlx::Error> {
     match db {
-        Db::Postgres(pool) => kafka_round!(consumer, pool, false),
-        Db::Sqlite(pool) => kafka_round!(consumer, pool, false),
-        Db::MySql(pool) => kafka_round!(consumer, pool, true),
+        Db::Postgres(pool) => kafka_round!(consumer, pool, false, pause),
+        Db::Sqlite(pool) => kafka_round!(consumer, pool, false, pause),
+        Db::MySql(pool) => kafka_round!(consumer, pool, true, pause),
     }
 }
 
@@ -432,11 +484,19 @@ impl Broker for Kafka {
     const REREADS: bool = true;
     const CONSUMERS_FIRST: bool = true;
 
-    async fn fresh(prefix: &str) -> Option<Kafka> {
+    async fn fresh(prefix: &str, _: Duration) -> Option<Kafka> {
         let url = brokers::kafka_url()?;
         let topic = kafka_topic(&url, prefix).await;
         let group = unique("conformance-group");
         Some(Kafka { url, topic, group })
+    }
+
+    fn child_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_CONFORMANCE_BROKER", "kafka".into()),
+            ("IDEM_CONFORMANCE_DEST", self.topic.clone()),
+            ("IDEM_CONFORMANCE_GROUP", self.group.clone()),
+        ]
     }
 
     async fn publish(&self, messages: &[(String, String)]) {
@@ -550,6 +610,207 @@ impl Broker for Kafka {
 }
 
 // ---------------------------------------------------------------------------------------
+// A consumer killed: the scenario, and the consumer process it runs.
+
+/// See the [module](self): one message, a consumer process killed at `crash_point`
+/// (`after_commit`, `before_commit`), then another.
+async fn killed_consumer<B: Broker>(db: Db, crash_point: &'static str) {
+    on_fresh::<B>(
+        "conformance-killed",
+        Duration::from_secs(2),
+        async |broker| {
+            broker
+                .publish(&[("order:7:paid".into(), r#"{"order":7}"#.into())])
+                .await;
+            let spawn = |crash: Option<&str>| {
+                let mut env = broker.child_env();
+                env.push(("IDEM_CHILD_DB", db.spec()));
+                if let Some(point) = crash {
+                    env.push(("IDEM_CRASH_POINT", point.to_owned()));
+                }
+                ChildProcess::spawn(
+                    "conformance::consumer_process",
+                    &env,
+                    &[
+                        "IDEM_CRASH_POINT",
+                        "IDEM_CONFORMANCE_GROUP",
+                        "IDEM_CRASH_NTH",
+                    ],
+                )
+            };
+            let mut first = spawn(Some(crash_point));
+            first.step("ready").await;
+            // A Kafka member first joins its group.
+            let step = tokio::time::timeout(Duration::from_secs(60), first.step("crash-point"))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{}: the consumer never reached {crash_point}", B::NAME)
+                });
+            let committed = i64::from(crash_point == "after_commit");
+            assert!(step.starts_with("crash-point"), "{step}");
+            // The effect committed with its record, or neither.
+            assert_eq!(
+                db.effects().await,
+                committed,
+                "{}: at {crash_point}",
+                B::NAME
+            );
+            assert_eq!(
+                db.records().await,
+                committed,
+                "{}: at {crash_point}",
+                B::NAME
+            );
+            first.kill();
+            assert_eq!(db.effects().await, committed, "the kill changed nothing");
+
+            let mut second = spawn(None);
+            second.step("ready").await;
+            let expected = match crash_point {
+                "after_commit" => "outcome duplicate",
+                _ => "outcome processed",
+            };
+            // After the broker hands the message over again: JetStream's ack wait, a Kafka
+            // member's session.
+            let outcome = tokio::time::timeout(Duration::from_secs(60), second.step("outcome"))
+                .await
+                .unwrap_or_else(|_| panic!("{}: the message never came again", B::NAME));
+            assert_eq!(outcome, expected, "{}", B::NAME);
+            second.step("done").await;
+            second.exits_successfully().await;
+            assert_eq!(db.effects().await, 1, "{}: exactly one effect", B::NAME);
+            assert_eq!(db.records().await, 1);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !broker.settled().await {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: the message was left unacknowledged",
+                    B::NAME
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+}
+
+/// The consumer process of [`killed_consumer`] (the scenario runs this test binary with
+/// `--ignored --exact conformance::consumer_process`): consumes one message from the broker
+/// `IDEM_CONFORMANCE_BROKER`'s destination `IDEM_CONFORMANCE_DEST` through the inbox into
+/// the database `IDEM_CHILD_DB`, printing `idem-child: …` steps: `ready`, then `outcome
+/// <kind>` and `done`. With `IDEM_CRASH_POINT=before_commit` it stops in the handler, the
+/// effect written and not committed; with `after_commit`, after the commit and before it
+/// tells the broker (a fault hook at the commit). There it prints `crash-point …` and waits
+/// for its SIGKILL.
+#[test]
+#[ignore = "the consumer process of the conformance suite, which runs it as a child"]
+fn consumer_process() {
+    let Ok(broker) = std::env::var("IDEM_CONFORMANCE_BROKER") else {
+        eprintln!("consumer_process runs only as the child of a conformance scenario");
+        return;
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let crash = std::env::var("IDEM_CRASH_POINT").ok();
+    if crash.as_deref() == Some("after_commit") {
+        crate::child::stop_at_nth(idem::fault::FaultPoint::Committed, 1);
+    }
+    let pause = match crash.as_deref() {
+        Some("before_commit") => Pause::Forever("before_commit"),
+        _ => Pause::None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let db = Db::connect(&var("IDEM_CHILD_DB")).await;
+        let inbox = Inbox::new("conformance-killed").unwrap();
+        let dest = var("IDEM_CONFORMANCE_DEST");
+        let outcome = match broker.as_str() {
+            "nats" => {
+                let client = async_nats::connect(brokers::nats_url().unwrap())
+                    .await
+                    .unwrap();
+                let js = async_nats::jetstream::new(client.clone());
+                let consumer: async_nats::jetstream::consumer::PullConsumer = js
+                    .get_stream(&dest)
+                    .await
+                    .unwrap()
+                    .get_consumer("consumers")
+                    .await
+                    .unwrap();
+                let mut messages = consumer.messages().await.unwrap();
+                report("ready");
+                let message = futures_util::StreamExt::next(&mut messages)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let (key, order) = message.key_and_order();
+                let outcome = db
+                    .deliver(&inbox, &key, &message.payload, order, pause)
+                    .await
+                    .unwrap();
+                message.settle(&outcome).await;
+                // The ack is a publish: out before the process exits.
+                client.flush().await.unwrap();
+                outcome
+            }
+            "rabbit" => {
+                use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+                let connection = rabbitmq::connect(&brokers::amqp_url().unwrap()).await;
+                let channel = connection.create_channel().await.unwrap();
+                channel
+                    .basic_qos(1, BasicQosOptions::default())
+                    .await
+                    .unwrap();
+                let mut deliveries = channel
+                    .basic_consume(
+                        dest.as_str().into(),
+                        "conformance-child".into(),
+                        BasicConsumeOptions::default(),
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                report("ready");
+                let delivery = futures_util::StreamExt::next(&mut deliveries)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let (key, order) = delivery.key_and_order();
+                let outcome = db
+                    .deliver(&inbox, &key, &delivery.data, order, pause)
+                    .await
+                    .unwrap();
+                delivery.settle(&outcome).await;
+                channel.close(200, "done".into()).await.unwrap();
+                drop(deliveries);
+                connection.close(200, "done".into()).await.unwrap();
+                outcome
+            }
+            _ => {
+                let url = brokers::kafka_url().unwrap();
+                let consumer = KafkaConsumer::new(
+                    kafka_member(&url, &var("IDEM_CONFORMANCE_GROUP")),
+                    &[&dest],
+                    inbox,
+                )
+                .unwrap()
+                .batch(1, Duration::from_millis(10));
+                report("ready");
+                let round = kafka_round_paused(&consumer, &db, pause).await;
+                let (_, settled) = round.settled.into_iter().next().unwrap();
+                assert_eq!(round.committed.len(), 1, "the offset was not committed");
+                settled.unwrap()
+            }
+        };
+        report(&format!("outcome {}", outcome.kind()));
+        report("done");
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 // The runs: each broker × each database, one delivery at a time and in batches.
 
 /// The database of a run, or `None` without its server.
@@ -577,6 +838,17 @@ async fn in_batches<B: Broker>(backend: &str) {
         };
         retried_messages::<B>(db, Some(size)).await;
     }
+}
+
+async fn killed<B: Broker>(backend: &str, crash_point: &'static str) {
+    let name = format!(
+        "conformance_killed_{}_{backend}_{crash_point}",
+        B::NAME.to_lowercase()
+    );
+    let Some(db) = database(backend, &name).await else {
+        return;
+    };
+    killed_consumer::<B>(db, crash_point).await;
 }
 
 macro_rules! runs {
@@ -612,6 +884,36 @@ macro_rules! runs {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retried_messages_in_batches_of_1_10_100_mysql() {
                 in_batches::<$broker>("mysql").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_after_commit_before_telling_the_broker_the_redelivery_is_a_duplicate_postgres() {
+                killed::<$broker>("postgres", "after_commit").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_after_commit_before_telling_the_broker_the_redelivery_is_a_duplicate_sqlite() {
+                killed::<$broker>("sqlite", "after_commit").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_after_commit_before_telling_the_broker_the_redelivery_is_a_duplicate_mysql() {
+                killed::<$broker>("mysql", "after_commit").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_before_commit_the_redelivery_applies_once_postgres() {
+                killed::<$broker>("postgres", "before_commit").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_before_commit_the_redelivery_applies_once_sqlite() {
+                killed::<$broker>("sqlite", "before_commit").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn killed_before_commit_the_redelivery_applies_once_mysql() {
+                killed::<$broker>("mysql", "before_commit").await;
             }
         }
     };

@@ -1,7 +1,8 @@
-//! The inbox against a real RabbitMQ: a consumer process killed (SIGKILL) after its commit
-//! and before its ack, or before its commit, one delivery at a time or a batch at a time.
-//! Each message's effect happens exactly once, and every message ends acked. Producer
-//! retries to concurrent consumers are the broker conformance suite's (`conformance.rs`).
+//! The inbox against a real RabbitMQ: a consumer process killed (SIGKILL) in the middle of
+//! a batch, before its commit or after it and before its acks; the whole batch is requeued,
+//! each message's effect happens exactly once, and every message ends acked. A single
+//! delivery killed, and producer retries to concurrent consumers, are the broker
+//! conformance suite's (`conformance.rs`), run on every broker.
 //!
 //! Runs when `IDEM_TEST_AMQP_URL` is set (see `common/brokers.rs`); each test declares its
 //! own queue and deletes it afterwards.
@@ -16,7 +17,6 @@ use brokers::{
     BrokerMessage, Db, Pause, amqp_url, cleanup_after, outcome_name, poll_until, unique,
 };
 use child::{ChildProcess, report};
-use futures_util::StreamExt;
 use idem::inbox::{Delivery, Inbox, MessageKey};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
@@ -161,12 +161,12 @@ impl BrokerMessage for lapin::message::Delivery {
 
 /// The consumer process of the crash tests (they run this test binary with
 /// `--ignored --exact consumer_process`). It consumes `IDEM_CHILD_QUEUE` through the inbox
-/// into the database `IDEM_CHILD_DB` and prints what it does on stdout, one
-/// `idem-child: …` line per step. With `IDEM_CRASH_POINT=before_commit` it stops inside the
-/// first delivery's transaction, effect written and not committed; with `after_commit` it
-/// stops after the commit, before the ack. At the crash point it prints
-/// `idem-child: crash-point <point>` and waits for its SIGKILL. Without a crash point it
-/// exits after settling `IDEM_CHILD_MESSAGES` deliveries.
+/// into the database `IDEM_CHILD_DB`, `IDEM_CHILD_BATCH` deliveries at a time as one
+/// `Inbox::batch`, and prints what it does on stdout, one `idem-child: …` line per step.
+/// With `IDEM_CRASH_POINT=before_commit` it stops inside the batch's first handler, effect
+/// written and not committed; with `after_commit` it stops after the commit, before the
+/// acks. At the crash point it prints `idem-child: crash-point <point>` and waits for its
+/// SIGKILL. Without a crash point it exits after settling `IDEM_CHILD_MESSAGES` deliveries.
 #[test]
 #[ignore = "the consumer process of the crash tests, which run it as a child"]
 fn consumer_process() {
@@ -187,14 +187,12 @@ async fn consume(queue: String) {
     let db = Db::connect(&var("IDEM_CHILD_DB")).await;
     let crash = std::env::var("IDEM_CRASH_POINT").ok();
     let expected: usize = var("IDEM_CHILD_MESSAGES").parse().unwrap();
-    // With `IDEM_CHILD_BATCH=n`, deliveries are taken n at a time into one batch.
-    let batch: Option<usize> = std::env::var("IDEM_CHILD_BATCH")
-        .ok()
-        .map(|n| n.parse().unwrap());
+    // Deliveries are taken `IDEM_CHILD_BATCH` at a time into one batch.
+    let max: usize = var("IDEM_CHILD_BATCH").parse().unwrap();
     let connection = connect(&url).await;
     let channel = connection.create_channel().await.unwrap();
     channel
-        .basic_qos(batch.unwrap_or(1) as u16, BasicQosOptions::default())
+        .basic_qos(max as u16, BasicQosOptions::default())
         .await
         .unwrap();
     let mut deliveries = channel
@@ -208,38 +206,8 @@ async fn consume(queue: String) {
         .unwrap();
     let inbox = Inbox::new("rabbit-crash").unwrap();
     let mut settled = 0;
-    if let Some(max) = batch {
-        while settled < expected {
-            settled += consume_batch(&db, &inbox, &mut deliveries, max, crash.as_deref()).await;
-        }
-    }
     while settled < expected {
-        let delivery = deliveries
-            .next()
-            .await
-            .expect("consumer cancelled")
-            .unwrap();
-        let (key, order) = delivery.key_and_order();
-        let redelivered = delivery.redelivered;
-        report(&format!("delivered key={key} redelivered={redelivered}"));
-        let pause = match crash.as_deref() {
-            Some("before_commit") => Pause::Forever("before_commit"),
-            _ => Pause::None,
-        };
-        let outcome = db
-            .deliver(&inbox, &key, &delivery.data, order, pause)
-            .await
-            .unwrap();
-        if crash.as_deref() == Some("after_commit") {
-            report("crash-point after_commit");
-            std::future::pending::<()>().await;
-        }
-        report(&format!(
-            "outcome key={key} redelivered={redelivered} {}",
-            outcome_name(&outcome)
-        ));
-        delivery.settle(&outcome).await;
-        settled += usize::from(outcome.should_ack());
+        settled += consume_batch(&db, &inbox, &mut deliveries, max, crash.as_deref()).await;
     }
     channel.close(200, "done".into()).await.unwrap();
     connection.close(200, "done".into()).await.unwrap();
@@ -299,143 +267,30 @@ async fn consume_batch(
     acked
 }
 
-/// A consumer process on `queue`, settling `messages` messages, killed at `crash_point`.
-fn spawn_consumer(
-    queue: &str,
-    db: &Db,
-    crash_point: Option<&str>,
-    messages: usize,
-) -> ChildProcess {
-    spawn_batch_consumer(queue, db, crash_point, messages, None)
-}
-
-/// [`spawn_consumer`], taking its deliveries `batch` at a time (`None`: one at a time).
+/// A consumer process on `queue`, settling `messages` messages `batch` at a time, killed
+/// at `crash_point`.
 fn spawn_batch_consumer(
     queue: &str,
     db: &Db,
     crash_point: Option<&str>,
     messages: usize,
-    batch: Option<usize>,
+    batch: usize,
 ) -> ChildProcess {
     let mut env = vec![
         ("IDEM_CHILD_QUEUE", queue.to_owned()),
         ("IDEM_CHILD_DB", db.spec()),
         ("IDEM_CHILD_MESSAGES", messages.to_string()),
+        ("IDEM_CHILD_BATCH", batch.to_string()),
     ];
     if let Some(point) = crash_point {
         env.push(("IDEM_CRASH_POINT", point.to_owned()));
     }
-    if let Some(batch) = batch {
-        env.push(("IDEM_CHILD_BATCH", batch.to_string()));
-    }
-    let unset = ["IDEM_CRASH_POINT", "IDEM_CHILD_BATCH"];
+    let unset = ["IDEM_CRASH_POINT"];
     ChildProcess::spawn("rabbitmq::consumer_process", &env, &unset)
 }
 
-/// One message; a consumer process killed at `crash_point`; a new consumer process.
-///
-/// The restarted consumer sees the message with `redelivered = true`: RabbitMQ handed it to
-/// a consumer twice. After a crash past the commit, a consumer without the inbox would
-/// write the effect a second time; here the inbox record committed with the effect, so the
-/// redelivery is absorbed as a duplicate. After a crash before the commit, effect and
-/// record were rolled back together, so the redelivery applies it, once; a dedup record
-/// kept apart from the effect (committed first, or in another store) would have survived
-/// the kill and turned the redelivery into a duplicate with no effect at all, which the
-/// checks at the crash point and at the end would catch.
-async fn killed_consumer(db: Db, crash_point: &'static str) {
-    let name = format!("idem-crash-{crash_point}");
-    on_fresh_queue(&name, |fresh| async move {
-        let TestQueue {
-            channel,
-            name: queue,
-            ..
-        } = fresh;
-        let confirm = publish(&channel, &queue, "order-7-paid", br#"{"order":7}"#);
-        assert!(confirm.await.await.unwrap().is_ack());
-
-        let mut first = spawn_consumer(&queue, &db, Some(crash_point), 1);
-        assert_eq!(
-            first.step("delivered").await,
-            "delivered key=order-7-paid redelivered=false"
-        );
-        first.step(&format!("crash-point {crash_point}")).await;
-        // At the crash point: delivered, not acked (neither ready nor gone)…
-        assert_eq!(queue_state(&channel, &queue).await, (0, 1));
-        // …and the effect committed with its record, or neither.
-        let committed = i64::from(crash_point == "after_commit");
-        assert_eq!(db.effects().await, committed);
-        assert_eq!(db.records().await, committed);
-        first.kill();
-        // The broker saw the connection die and requeued the unacked message.
-        assert_eq!(queue_state_becomes(&channel, &queue, (1, 0)).await, (1, 0));
-        assert_eq!(db.effects().await, committed, "the kill changed nothing");
-
-        let mut second = spawn_consumer(&queue, &db, None, 1);
-        assert_eq!(
-            second.step("delivered").await,
-            "delivered key=order-7-paid redelivered=true"
-        );
-        let expected = match crash_point {
-            "after_commit" => "outcome key=order-7-paid redelivered=true duplicate",
-            _ => "outcome key=order-7-paid redelivered=true processed",
-        };
-        assert_eq!(second.step("outcome").await, expected);
-        second.step("done").await;
-        second.exits_successfully().await;
-
-        assert_eq!(db.effects().await, 1, "exactly one effect");
-        assert_eq!(db.records().await, 1);
-        // Acked: the consumer is gone and nothing came back to the queue.
-        assert_eq!(queue_state(&channel, &queue).await, (0, 0));
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_postgres() {
-    let Some(db) = Db::postgres("rabbit_after_commit", 2).await else {
-        return;
-    };
-    killed_consumer(db, "after_commit").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_sqlite() {
-    let db = Db::sqlite("rabbit_after_commit", 2).await;
-    killed_consumer(db, "after_commit").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_before_commit_the_redelivery_applies_once_postgres() {
-    let Some(db) = Db::postgres("rabbit_before_commit", 2).await else {
-        return;
-    };
-    killed_consumer(db, "before_commit").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_before_commit_the_redelivery_applies_once_sqlite() {
-    let db = Db::sqlite("rabbit_before_commit", 2).await;
-    killed_consumer(db, "before_commit").await;
-}
-
-// The same two with MariaDB as the consumers' store.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate_mysql() {
-    let Some(db) = Db::mysql("rabbit_after_commit", 2).await else {
-        return;
-    };
-    killed_consumer(db, "after_commit").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_before_commit_the_redelivery_applies_once_mysql() {
-    let Some(db) = Db::mysql("rabbit_before_commit", 2).await else {
-        return;
-    };
-    killed_consumer(db, "before_commit").await;
-}
+// One message, a consumer killed after its commit and before its ack, or before its
+// commit: the broker conformance suite, `conformance.rs`, on every broker.
 
 // Retried messages to four consumers (one at a time and in batches): the broker
 // conformance suite, `conformance.rs`.
@@ -467,7 +322,7 @@ async fn killed_batch_consumer(db: Db, crash_point: &'static str) {
             assert!(confirm.await.await.unwrap().is_ack());
         }
 
-        let mut first = spawn_batch_consumer(&queue, &db, Some(crash_point), BATCH, Some(BATCH));
+        let mut first = spawn_batch_consumer(&queue, &db, Some(crash_point), BATCH, BATCH);
         for _ in 0..BATCH {
             assert!(first.step("delivered").await.ends_with("redelivered=false"));
         }
@@ -490,7 +345,7 @@ async fn killed_batch_consumer(db: Db, crash_point: &'static str) {
         );
         assert_eq!(db.effects().await, committed, "the kill changed nothing");
 
-        let mut second = spawn_batch_consumer(&queue, &db, None, BATCH, Some(BATCH));
+        let mut second = spawn_batch_consumer(&queue, &db, None, BATCH, BATCH);
         for _ in 0..BATCH {
             assert!(second.step("delivered").await.ends_with("redelivered=true"));
         }
