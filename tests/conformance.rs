@@ -18,6 +18,12 @@
 //! every copy is absorbed, and every message ends acknowledged (Kafka: every partition's
 //! offset committed to its end).
 //!
+//! **A poison message.** Three messages, the second one whose handler always fails, taken
+//! in batches (`Inbox::batch` from JetStream and RabbitMQ, a `KafkaConsumer`'s rounds) with
+//! three attempts allowed: the failing one is handed out again until its attempts are spent,
+//! then parked (its record DEAD, keeping the error) and acknowledged; the other two are
+//! applied once, and nothing is left unacknowledged.
+//!
 //! **A consumer killed.** One message; a consumer process killed with SIGKILL after its
 //! database commit and before it tells the broker (its ack, or its offset's commit), or
 //! before its commit, the effect written; then a new consumer process. The broker hands the
@@ -80,8 +86,23 @@ trait Broker: Sized {
         stop: watch::Receiver<bool>,
     ) -> JoinSet<(usize, usize)>;
 
+    /// Starts one consumer taking batches of up to 10 through `inbox`, each message's
+    /// handler failing when its payload says `poison` (see [`poison_batch`]), until `stop`.
+    async fn batch_consumer(
+        &self,
+        db: &Db,
+        inbox: &Inbox,
+        stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()>;
+
     /// Whether every message is acknowledged (or its offset committed) and none waits.
     async fn settled(&self) -> bool;
+
+    /// Whether nothing waits for a consumer, as far as the broker tells while consumers are
+    /// live (RabbitMQ does not count a live consumer's unacknowledged deliveries).
+    async fn nothing_waiting(&self) -> bool {
+        self.settled().await
+    }
 
     /// Removes the destination.
     async fn delete(&self);
@@ -176,6 +197,135 @@ async fn retried_messages<B: Broker>(db: Db, batch: Option<usize>) {
     .await;
 }
 
+/// See the [module](self): a poison message among good ones, taken in batches.
+async fn poison_message<B: Broker>(db: Db) {
+    on_fresh::<B>(
+        "conformance-poison",
+        Duration::from_secs(2),
+        async |broker| {
+            let messages: Vec<(String, String)> = vec![
+                ("order:1:paid".into(), r#"{"order":1}"#.into()),
+                ("order:2:paid".into(), r#"{"order":2,"poison":true}"#.into()),
+                ("order:3:paid".into(), r#"{"order":3}"#.into()),
+            ];
+            let inbox = Inbox::new("conformance-poison").unwrap().max_attempts(3);
+            let (stop, stopped) = watch::channel(false);
+            let consumer = broker.batch_consumer(&db, &inbox, stopped).await;
+            broker.publish(&messages).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let dead = db.record("order:2:paid").await;
+                let parked = dead.as_ref().is_some_and(|(status, ..)| status == "DEAD");
+                if parked && db.distinct_effects().await == 2 && broker.nothing_waiting().await {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: after 60 s, the poison's record {dead:?}, {} effects",
+                    B::NAME,
+                    db.effects().await
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop.send(true).unwrap();
+            consumer.await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !broker.settled().await {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: a message was left unacknowledged",
+                    B::NAME
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let (status, attempts, error) = db.record("order:2:paid").await.unwrap();
+            assert_eq!((status.as_str(), attempts), ("DEAD", 3), "{}", B::NAME);
+            assert!(
+                error.as_deref().is_some_and(|e| e.contains("poison")),
+                "{}: the parked record keeps no error: {error:?}",
+                B::NAME
+            );
+            assert_eq!(
+                db.effects().await,
+                2,
+                "{}: the good messages once each",
+                B::NAME
+            );
+            assert_eq!(db.distinct_effects().await, 2);
+        },
+    )
+    .await;
+}
+
+/// A batch whose handler writes each message's effect, and fails a message whose payload
+/// says `poison`.
+macro_rules! poison_batch {
+    ($pool:expr, $inbox:expr, $batch:expr, $positional:expr) => {
+        $inbox
+            .batch($pool, $batch, |tx, (key, payload)| {
+                Box::pin(async move {
+                    let order = brokers::order_of(key);
+                    if payload.windows(6).any(|w| w == b"poison") {
+                        return Err(format!("poison: order {order} is refused"));
+                    }
+                    sqlx::query(crate::common::placed(
+                        $positional,
+                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
+                    ))
+                    .bind(order)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    Ok(order)
+                })
+            })
+            .await
+            .unwrap()
+    };
+}
+
+async fn poison_batch(
+    db: &Db,
+    inbox: &Inbox,
+    batch: &[(idem::inbox::MessageKey, Vec<u8>)],
+) -> Vec<idem::inbox::Settled<i64, String>> {
+    match db {
+        Db::Postgres(pool) => poison_batch!(pool, inbox, batch, false),
+        Db::Sqlite(pool) => poison_batch!(pool, inbox, batch, false),
+        Db::MySql(pool) => poison_batch!(pool, inbox, batch, true),
+    }
+}
+
+/// A consumer of a broker that acknowledges message by message: up to 10 deliveries
+/// gathered within 50 ms, one [`poison_batch`], then each acknowledged when settled for
+/// good (applied, absorbed, parked) and handed back otherwise; until `stop`.
+async fn batches_of<M: BrokerMessage, E: std::fmt::Debug>(
+    mut messages: impl futures_util::Stream<Item = Result<M, E>> + Unpin,
+    db: Db,
+    inbox: Inbox,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let gathered = tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => return,
+            gathered = idem::inbox::gather(&mut messages, 10, Duration::from_millis(50)) => gathered,
+        };
+        let Some(gathered) = gathered else { return };
+        let gathered: Vec<M> = gathered.into_iter().map(Result::unwrap).collect();
+        let batch: Vec<_> = gathered
+            .iter()
+            .map(|m| (m.key_and_order().0, m.payload().to_vec()))
+            .collect();
+        let settled = poison_batch(&db, &inbox, &batch).await;
+        for (message, settled) in gathered.iter().zip(settled) {
+            let outcome = settled.unwrap_or(Delivery::InProgress {
+                lease_until_millis: None,
+            });
+            message.settle(&outcome).await;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // NATS JetStream: a memory stream and one durable pull consumer, its pull clients the
 // consumers. The key travels in a header of the tests' own, not `Nats-Msg-Id` (JetStream
@@ -247,6 +397,16 @@ impl Broker for Nats {
             });
         }
         set
+    }
+
+    async fn batch_consumer(
+        &self,
+        db: &Db,
+        inbox: &Inbox,
+        stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let messages = self.consumer.messages().await.unwrap();
+        tokio::spawn(batches_of(messages, db.clone(), inbox.clone(), stop))
     }
 
     async fn settled(&self) -> bool {
@@ -361,10 +521,46 @@ impl Broker for Rabbit {
         set
     }
 
+    async fn batch_consumer(
+        &self,
+        db: &Db,
+        inbox: &Inbox,
+        stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .basic_qos(10, BasicQosOptions::default())
+            .await
+            .unwrap();
+        let deliveries = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "conformance-batches".into(),
+                BasicConsumeOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let (db, inbox) = (db.clone(), inbox.clone());
+        tokio::spawn(async move {
+            let mut deliveries = deliveries;
+            batches_of(&mut deliveries, db, inbox, stop).await;
+            channel.close(200, "done".into()).await.unwrap();
+            drop(deliveries);
+        })
+    }
+
     async fn settled(&self) -> bool {
         // The consumers' channels are closed once they end, so an unacknowledged delivery
         // would be back in the queue.
         rabbitmq::queue_state(&self.channel, &self.queue).await == (0, 0)
+    }
+
+    async fn nothing_waiting(&self) -> bool {
+        // A live consumer's unacknowledged deliveries are not counted: they show once its
+        // channel closes ([`Broker::settled`]).
+        rabbitmq::queue_state(&self.channel, &self.queue).await.0 == 0
     }
 
     async fn delete(&self) {
@@ -461,6 +657,42 @@ macro_rules! kafka_round {
             .await
             .unwrap()
     };
+}
+
+/// A round of a member whose handler fails a message whose payload says `poison`.
+macro_rules! kafka_poison_round {
+    ($consumer:expr, $pool:expr, $positional:expr) => {
+        $consumer
+            .next($pool, |tx, record| {
+                Box::pin(async move {
+                    use rdkafka::Message as _;
+                    let order = brokers::order_of(record.key());
+                    let payload = record.message().payload().unwrap_or_default();
+                    if payload.windows(6).any(|w| w == b"poison") {
+                        return Err(format!("poison: order {order} is refused"));
+                    }
+                    sqlx::query(crate::common::placed(
+                        $positional,
+                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
+                    ))
+                    .bind(order)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    Ok(order)
+                })
+            })
+            .await
+            .unwrap()
+    };
+}
+
+async fn kafka_poison_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, String> {
+    match db {
+        Db::Postgres(pool) => kafka_poison_round!(consumer, pool, false),
+        Db::Sqlite(pool) => kafka_poison_round!(consumer, pool, false),
+        Db::MySql(pool) => kafka_poison_round!(consumer, pool, true),
+    }
 }
 
 async fn kafka_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, sqlx::Error> {
@@ -588,6 +820,27 @@ impl Broker for Kafka {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         set
+    }
+
+    async fn batch_consumer(
+        &self,
+        db: &Db,
+        inbox: &Inbox,
+        mut stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let member = KafkaConsumer::new(self.member(), &[&self.topic], inbox.clone())
+            .unwrap()
+            .batch(10, Duration::from_millis(50));
+        let db = db.clone();
+        tokio::spawn(async move {
+            loop {
+                // Stopped once every offset is committed: waiting for a first message.
+                tokio::select! {
+                    _ = stop.wait_for(|stop| *stop) => return,
+                    _ = kafka_poison_round(&member, &db) => {}
+                }
+            }
+        })
     }
 
     async fn settled(&self) -> bool {
@@ -840,6 +1093,14 @@ async fn in_batches<B: Broker>(backend: &str) {
     }
 }
 
+async fn poison<B: Broker>(backend: &str) {
+    let name = format!("conformance_poison_{}_{backend}", B::NAME.to_lowercase());
+    let Some(db) = database(backend, &name).await else {
+        return;
+    };
+    poison_message::<B>(db).await;
+}
+
 async fn killed<B: Broker>(backend: &str, crash_point: &'static str) {
     let name = format!(
         "conformance_killed_{}_{backend}_{crash_point}",
@@ -884,6 +1145,21 @@ macro_rules! runs {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retried_messages_in_batches_of_1_10_100_mysql() {
                 in_batches::<$broker>("mysql").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_poison_message_is_parked_and_the_others_applied_postgres() {
+                poison::<$broker>("postgres").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_poison_message_is_parked_and_the_others_applied_sqlite() {
+                poison::<$broker>("sqlite").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_poison_message_is_parked_and_the_others_applied_mysql() {
+                poison::<$broker>("mysql").await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -376,6 +376,28 @@ impl Db {
     pub async fn records(&self) -> i64 {
         self.count("SELECT COUNT(*) FROM idem_inbox").await
     }
+
+    /// The status, attempts and error of the inbox record of `key`, if there is one.
+    pub async fn record(&self, key: &str) -> Option<(String, i64, Option<String>)> {
+        let sql = "SELECT status, attempts, error FROM idem_inbox WHERE message_key = ";
+        match self {
+            Db::Postgres(pool) => sqlx::query_as(&format!("{sql}$1"))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+            Db::Sqlite(pool) => sqlx::query_as(&format!("{sql}?"))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+            Db::MySql(pool) => sqlx::query_as(&format!("{sql}?"))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+        }
+    }
 }
 
 /// What a test reports about a delivery's outcome, in one word.
