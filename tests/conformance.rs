@@ -24,6 +24,11 @@
 //! then parked (its record DEAD, keeping the error) and acknowledged; the other two are
 //! applied once, and nothing is left unacknowledged.
 //!
+//! **Per-key order through the relay.** Eight writers stage 25 messages each, one ordering
+//! key per writer, while two relays publish them (idem's publisher for the broker): every
+//! message reaches the destination, and a reader sees each key's messages in the order they
+//! were staged.
+//!
 //! **A consumer killed.** One message; a consumer process killed with SIGKILL after its
 //! database commit and before it tells the broker (its ack, or its offset's commit), or
 //! before its commit, the effect written; then a new consumer process. The broker hands the
@@ -38,7 +43,7 @@ use crate::brokers::{
 use crate::child::{ChildProcess, report};
 use crate::{nats, rabbitmq};
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use idem::inbox::kafka::{KafkaConsumer, KafkaRound};
 use idem::inbox::{Delivery, Inbox};
 use std::sync::Arc;
@@ -67,6 +72,19 @@ trait Broker: Sized {
 
     /// What a consumer process needs to find the destination (see [`consumer_process`]).
     fn child_env(&self) -> Vec<(&'static str, String)>;
+
+    /// idem's publisher to this broker, for a relay.
+    type Publisher: idem::outbox::Publisher + Clone;
+
+    /// A publisher to the broker (a relay's).
+    async fn publisher(&self) -> Self::Publisher;
+
+    /// Where a staged message goes to reach the destination.
+    fn destination(&self) -> idem::outbox::Destination;
+
+    /// Reads the destination until `n` distinct payloads came: each payload's first copy,
+    /// in the order read (a key's messages in the order the destination keeps them).
+    async fn read_in_order(&self, n: usize) -> Vec<String>;
 
     /// Publishes each `(key, payload)`, and waits for the broker's acknowledgements.
     async fn publish(&self, messages: &[(String, String)]);
@@ -257,6 +275,101 @@ async fn poison_message<B: Broker>(db: Db) {
     .await;
 }
 
+/// See the [module](self): per-key order through two relays.
+async fn relayed_in_order<B: Broker>(db: Db) {
+    on_fresh::<B>(
+        "conformance-order",
+        Duration::from_secs(10),
+        async |broker| {
+            let publisher = broker.publisher().await;
+            let destination = broker.destination();
+            match &db {
+                Db::Postgres(pool) => two_relays(pool, &publisher, &destination).await,
+                Db::Sqlite(pool) => two_relays(pool, &publisher, &destination).await,
+                Db::MySql(pool) => two_relays(pool, &publisher, &destination).await,
+            }
+            let read = broker.read_in_order(KEYS * PER_KEY).await;
+            let mut per_key: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+            for id in read {
+                let key = id.split('-').next().unwrap().to_owned();
+                per_key.entry(key).or_default().push(id);
+            }
+            assert_eq!(per_key.len(), KEYS, "{}", B::NAME);
+            for (key, seen) in per_key {
+                let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
+                assert_eq!(
+                    seen,
+                    expected,
+                    "{}: key {key} was read out of order",
+                    B::NAME
+                );
+            }
+        },
+    )
+    .await;
+}
+
+const KEYS: usize = 8;
+const PER_KEY: usize = 25;
+
+/// [`KEYS`] writers staging [`PER_KEY`] messages each (payload and id `k{key}-{i}`, one
+/// ordering key per writer) while two relays publish, until nothing is pending.
+async fn two_relays<DB: idem::Backend, P: idem::outbox::Publisher + Clone>(
+    pool: &sqlx::Pool<DB>,
+    publisher: &P,
+    destination: &idem::outbox::Destination,
+) {
+    use idem::outbox::{self, Message, Relay};
+    let writers: Vec<_> = (0..KEYS)
+        .map(|k| {
+            let (pool, destination) = (pool.clone(), destination.clone());
+            tokio::spawn(async move {
+                for i in 0..PER_KEY {
+                    let mut tx = pool.begin().await.unwrap();
+                    let id = format!("k{k}-{i:02}");
+                    let message = Message::bytes(destination.clone(), id.clone())
+                        .ordering_key(format!("k{k}"))
+                        .id(id);
+                    outbox::stage(&mut tx, message).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            Relay::new(pool.clone(), publisher.clone())
+                .batch_size(5)
+                .poll_interval(Duration::from_millis(10))
+                .publish_timeout(Duration::from_secs(10))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while outbox::backlog(pool).await.unwrap().pending > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "messages still pending after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for relay in relays {
+        relay.stop().await;
+    }
+}
+
+/// The first copy of each payload of `read`, in order.
+fn firsts(read: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    read.into_iter()
+        .filter(|id| seen.insert(id.clone()))
+        .collect()
+}
+
 /// A batch whose handler writes each message's effect, and fails a message whose payload
 /// says `poison`.
 macro_rules! poison_batch {
@@ -399,6 +512,32 @@ impl Broker for Nats {
         set
     }
 
+    type Publisher = idem::outbox::nats::JetStream;
+
+    async fn publisher(&self) -> Self::Publisher {
+        idem::outbox::nats::JetStream::new(self.js.clone())
+    }
+
+    fn destination(&self) -> idem::outbox::Destination {
+        idem::outbox::Destination::subject(format!("{}.ordered", self.name))
+    }
+
+    async fn read_in_order(&self, n: usize) -> Vec<String> {
+        let mut messages = self.consumer.messages().await.unwrap();
+        let mut read = Vec::new();
+        while firsts(read.clone()).len() < n {
+            let next = tokio::time::timeout(Duration::from_secs(30), messages.next());
+            let message = next
+                .await
+                .expect("30 s without a message")
+                .unwrap()
+                .unwrap();
+            read.push(String::from_utf8(message.payload.to_vec()).unwrap());
+            message.ack().await.unwrap();
+        }
+        firsts(read)
+    }
+
     async fn batch_consumer(
         &self,
         db: &Db,
@@ -519,6 +658,45 @@ impl Broker for Rabbit {
             });
         }
         set
+    }
+
+    type Publisher = idem::outbox::rabbitmq::Rabbit;
+
+    async fn publisher(&self) -> Self::Publisher {
+        idem::outbox::rabbitmq::Rabbit::new(self.connection.clone())
+    }
+
+    fn destination(&self) -> idem::outbox::Destination {
+        // The default exchange routes by the queue's name.
+        idem::outbox::Destination::exchange("", self.queue.as_str())
+    }
+
+    async fn read_in_order(&self, n: usize) -> Vec<String> {
+        use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+        let channel = self.connection.create_channel().await.unwrap();
+        let mut deliveries = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "conformance-reader".into(),
+                BasicConsumeOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut read = Vec::new();
+        while firsts(read.clone()).len() < n {
+            let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
+            let delivery = next
+                .await
+                .expect("30 s without a message")
+                .unwrap()
+                .unwrap();
+            read.push(String::from_utf8(delivery.data.clone()).unwrap());
+            delivery.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        channel.close(200, "done".into()).await.unwrap();
+        drop(deliveries);
+        firsts(read)
     }
 
     async fn batch_consumer(
@@ -822,6 +1000,34 @@ impl Broker for Kafka {
         set
     }
 
+    type Publisher = idem::outbox::kafka::Kafka;
+
+    async fn publisher(&self) -> Self::Publisher {
+        idem::outbox::kafka::Kafka::connect(&self.url).unwrap()
+    }
+
+    fn destination(&self) -> idem::outbox::Destination {
+        idem::outbox::Destination::subject(self.topic.as_str())
+    }
+
+    /// A reader of its own group, from the start: each partition's messages in their
+    /// order (a key's are on one partition).
+    async fn read_in_order(&self, n: usize) -> Vec<String> {
+        use rdkafka::Message as _;
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        let mut config = kafka_member(&self.url, &unique("conformance-reader"));
+        config.set("auto.offset.reset", "earliest");
+        let reader: StreamConsumer = config.create().unwrap();
+        reader.subscribe(&[&self.topic]).unwrap();
+        let mut read = Vec::new();
+        while firsts(read.clone()).len() < n {
+            let next = tokio::time::timeout(Duration::from_secs(30), reader.recv());
+            let message = next.await.expect("30 s without a message").unwrap();
+            read.push(String::from_utf8(message.payload().unwrap().to_vec()).unwrap());
+        }
+        firsts(read)
+    }
+
     async fn batch_consumer(
         &self,
         db: &Db,
@@ -995,10 +1201,7 @@ fn consumer_process() {
                     .unwrap();
                 let mut messages = consumer.messages().await.unwrap();
                 report("ready");
-                let message = futures_util::StreamExt::next(&mut messages)
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let message = messages.next().await.unwrap().unwrap();
                 let (key, order) = message.key_and_order();
                 let outcome = db
                     .deliver(&inbox, &key, &message.payload, order, pause)
@@ -1027,10 +1230,7 @@ fn consumer_process() {
                     .await
                     .unwrap();
                 report("ready");
-                let delivery = futures_util::StreamExt::next(&mut deliveries)
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let delivery = deliveries.next().await.unwrap().unwrap();
                 let (key, order) = delivery.key_and_order();
                 let outcome = db
                     .deliver(&inbox, &key, &delivery.data, order, pause)
@@ -1093,6 +1293,14 @@ async fn in_batches<B: Broker>(backend: &str) {
     }
 }
 
+async fn in_order<B: Broker>(backend: &str) {
+    let name = format!("conformance_order_{}_{backend}", B::NAME.to_lowercase());
+    let Some(db) = database(backend, &name).await else {
+        return;
+    };
+    relayed_in_order::<B>(db).await;
+}
+
 async fn poison<B: Broker>(backend: &str) {
     let name = format!("conformance_poison_{}_{backend}", B::NAME.to_lowercase());
     let Some(db) = database(backend, &name).await else {
@@ -1145,6 +1353,21 @@ macro_rules! runs {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn retried_messages_in_batches_of_1_10_100_mysql() {
                 in_batches::<$broker>("mysql").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_relays_deliver_each_key_in_order_postgres() {
+                in_order::<$broker>("postgres").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_relays_deliver_each_key_in_order_sqlite() {
+                in_order::<$broker>("sqlite").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_relays_deliver_each_key_in_order_mysql() {
+                in_order::<$broker>("mysql").await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

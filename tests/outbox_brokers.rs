@@ -1,7 +1,8 @@
 //! The outbox's publishers on real brokers: NATS JetStream (the id in `Nats-Msg-Id`, a
 //! re-publish acknowledged as a duplicate and dropped by the stream, a broker that is down
 //! and comes back) and RabbitMQ (publisher confirms, the id in `message_id`, an unroutable
-//! message a failure), and the consuming side's keys.
+//! message a failure), and the consuming side's keys. Two relays keeping each key's order
+//! are the broker conformance suite's (`conformance.rs`).
 
 use crate::brokers::{amqp_url, cleanup_after, nats_url, poll_until, unique};
 use crate::common;
@@ -481,104 +482,5 @@ async fn rabbitmq_a_missing_exchange_fails_only_its_own_message() {
     let _ = connection.close(200, "done".into()).await;
 }
 
-/// Two relays at once publish to one stream while writers stage: the consumer reads every
-/// message, each key's in the order they were staged.
-async fn two_relays_in_order<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
-    let Some(url) = nats_url() else { return };
-    idem::migrate(&pool).await.unwrap();
-    let js = jetstream::new(async_nats::connect(&url).await.unwrap());
-    let name = unique("outbox-order");
-    let stream = stream_on(&js, &name).await;
-    let js2 = js.clone();
-    let name2 = name.clone();
-    cleanup_after(
-        async move {
-            const KEYS: usize = 8;
-            const PER_KEY: usize = 25;
-            let subject = format!("{name2}.m");
-            let writers: Vec<_> = (0..KEYS)
-                .map(|k| {
-                    let (pool, subject) = (pool.clone(), subject.clone());
-                    tokio::spawn(async move {
-                        for i in 0..PER_KEY {
-                            let mut tx = pool.begin().await.unwrap();
-                            let id = format!("k{k}-{i:02}");
-                            let message = Message::bytes(subject.as_str(), id.clone())
-                                .ordering_key(format!("k{k}"))
-                                .id(id);
-                            outbox::stage(&mut tx, message).await.unwrap();
-                            tx.commit().await.unwrap();
-                        }
-                    })
-                })
-                .collect();
-            let relays: Vec<_> = (0..2)
-                .map(|_| {
-                    Relay::new(pool.clone(), JetStream::new(js2.clone()))
-                        .batch_size(5)
-                        .poll_interval(Duration::from_millis(10))
-                        .spawn()
-                        .unwrap()
-                })
-                .collect();
-            for writer in writers {
-                writer.await.unwrap();
-            }
-            let pending = poll_until(
-                Duration::from_secs(60),
-                || async { outbox::backlog(&pool).await.unwrap().pending },
-                |pending| *pending == 0,
-            )
-            .await;
-            assert_eq!(pending, 0);
-            for relay in relays {
-                relay.stop().await;
-            }
-            let consumer = stream
-                .create_consumer(pull::Config {
-                    durable_name: Some("ordered".into()),
-                    ack_policy: AckPolicy::Explicit,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            let mut messages = consumer.messages().await.unwrap();
-            let mut per_key: std::collections::HashMap<String, Vec<String>> = Default::default();
-            for _ in 0..KEYS * PER_KEY {
-                let message = messages.next().await.unwrap().unwrap();
-                let id = String::from_utf8(message.payload.to_vec()).unwrap();
-                let key = id.split('-').next().unwrap().to_owned();
-                per_key.entry(key).or_default().push(id);
-                message.ack().await.unwrap();
-            }
-            for (key, seen) in per_key {
-                let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
-                assert_eq!(
-                    seen, expected,
-                    "key {key} reached the consumer out of order"
-                );
-            }
-        },
-        async || {
-            let _ = js.delete_stream(&name).await;
-        },
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn two_relays_on_postgres_deliver_each_key_in_order() {
-    let Some(pool) = common::postgres(&format!("outbox_order_{}", common::next_id()), 8).await
-    else {
-        return;
-    };
-    two_relays_in_order(pool).await;
-}
-
-#[tokio::test]
-async fn two_relays_on_mysql_deliver_each_key_in_order() {
-    let Some(pool) = common::mysql(&format!("outbox_order_{}", common::next_id()), 8).await else {
-        return;
-    };
-    two_relays_in_order(pool).await;
-}
+// Two relays keeping each key in order, on every broker: the broker conformance suite,
+// `conformance.rs`.

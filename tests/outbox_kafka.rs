@@ -2,9 +2,10 @@
 //! as the Kafka key (one key, one partition, in order), the id in the `idem-message-id`
 //! header, a re-publish kept by Kafka and absorbed by the next hop's inbox, a message over
 //! the producer's size limit dead after its attempts without holding back another key, a
-//! broker that does not answer, and two relays keeping each key's order.
+//! broker that does not answer. Two relays keeping each key's order are the broker
+//! conformance suite's (`conformance.rs`).
 
-use crate::brokers::{poll_until, unique, with_kafka_topic};
+use crate::brokers::{unique, with_kafka_topic};
 use crate::common;
 
 use idem::inbox::{Delivery, Inbox, Received};
@@ -297,75 +298,5 @@ fn kafka_refuses_a_producer_that_may_duplicate_or_lose() {
     assert!(Kafka::from_config(config).is_ok());
 }
 
-/// Two relays at once publish while writers stage, from PostgreSQL: every message reaches
-/// the topic, each key's in the order staged, each key on one partition.
-#[tokio::test]
-async fn kafka_two_relays_deliver_each_key_in_order() {
-    let Some(pool) = common::postgres(&format!("outbox_kafka_{}", common::next_id()), 8).await
-    else {
-        return;
-    };
-    idem::migrate(&pool).await.unwrap();
-    with_kafka_topic("outbox-order", |url, name| async move {
-        const KEYS: usize = 8;
-        const PER_KEY: usize = 25;
-        let writers: Vec<_> = (0..KEYS)
-            .map(|k| {
-                let (pool, name) = (pool.clone(), name.clone());
-                tokio::spawn(async move {
-                    for i in 0..PER_KEY {
-                        let mut tx = pool.begin().await.unwrap();
-                        let id = format!("k{k}-{i:02}");
-                        let message = Message::bytes(name.as_str(), id.clone())
-                            .ordering_key(format!("k{k}"))
-                            .id(id);
-                        outbox::stage(&mut tx, message).await.unwrap();
-                        tx.commit().await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        let relays: Vec<_> = (0..2)
-            .map(|_| {
-                Relay::new(pool.clone(), Kafka::connect(&url).unwrap())
-                    .batch_size(5)
-                    .poll_interval(Duration::from_millis(10))
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for writer in writers {
-            writer.await.unwrap();
-        }
-        let pending = poll_until(
-            Duration::from_secs(60),
-            || async { outbox::backlog(&pool).await.unwrap().pending },
-            |pending| *pending == 0,
-        )
-        .await;
-        assert_eq!(pending, 0);
-        for relay in relays {
-            relay.stop().await;
-        }
-        let mut per_key: HashMap<String, (i32, Vec<String>)> = HashMap::new();
-        let records = read(&url, &name, KEYS * PER_KEY).await;
-        for record in firsts(&records) {
-            let id = String::from_utf8(record.payload.clone()).unwrap();
-            let key = id.split('-').next().unwrap().to_owned();
-            let entry = per_key
-                .entry(key.clone())
-                .or_insert((record.partition, Vec::new()));
-            assert_eq!(entry.0, record.partition, "key {key} on two partitions");
-            entry.1.push(id);
-        }
-        assert_eq!(per_key.len(), KEYS);
-        for (key, (_, seen)) in per_key {
-            let expected: Vec<String> = (0..PER_KEY).map(|i| format!("{key}-{i:02}")).collect();
-            assert_eq!(
-                seen, expected,
-                "key {key} reached the consumer out of order"
-            );
-        }
-    })
-    .await;
-}
+// Two relays keeping each key in order (a key on one partition, in order): the broker
+// conformance suite, `conformance.rs`.
