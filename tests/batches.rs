@@ -706,3 +706,24 @@ proptest! {
         }
     }
 }
+
+/// The handlers run in the order of the messages, not of their keys (here the reverse), a
+/// message delivered twice at its first delivery: what a log read in order (a Kafka
+/// partition) relies on.
+#[tokio::test]
+async fn a_batch_runs_its_handlers_in_the_order_of_its_messages() {
+    let pool = common::sqlite_file(&format!("batch-order-{}", common::next_id()), 2).await;
+    idem::migrate(&pool).await.unwrap();
+    let inbox = Inbox::new("batch-order").unwrap();
+    let messages: Vec<Message> = [30, 20, 30, 10, 25].into_iter().map(message).collect();
+    let calls = std::sync::Mutex::new(Vec::new());
+    let settled = inbox
+        .batch(&pool, &messages, |_, (_, payload)| {
+            calls.lock().unwrap().push(number(payload));
+            Box::pin(async move { Ok::<i64, String>(number(payload)) })
+        })
+        .await
+        .unwrap();
+    assert!(settled.iter().all(acked));
+    assert_eq!(*calls.lock().unwrap(), [30, 20, 10, 25]);
+}

@@ -380,3 +380,129 @@ async fn kafka_a_relay_started_while_the_broker_is_down_holds_messages_back_unti
     }
     assert_eq!(ids.len(), 5);
 }
+
+/// `records` (`(id, payload)`) on a one-partition topic of a test cluster, in this order.
+async fn one_partition(
+    records: &[(&str, &str)],
+) -> (MockCluster<'static, DefaultProducerContext>, String) {
+    let topic = unique("ordered");
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(&topic, 1, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    for (id, payload) in records {
+        let record = FutureRecord::to(&topic)
+            .key("one")
+            .payload(*payload)
+            .headers(
+                rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                    key: outbox::kafka::ID_HEADER,
+                    value: Some(id.as_bytes()),
+                }),
+            );
+        producer
+            .send(record, Timeout::After(Duration::from_secs(10)))
+            .await
+            .unwrap();
+    }
+    (cluster, topic)
+}
+
+/// Rounds of `consumer` until `n` messages are applied; each applied message's id in the
+/// order applied. A payload `fail-twice` fails its first two attempts.
+async fn applied_in_order(
+    consumer: &KafkaConsumer,
+    pool: &sqlx::SqlitePool,
+    n: i64,
+) -> Vec<String> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM applied")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if count >= n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s, {count} of {n} applied"
+        );
+        let attempts = attempts.clone();
+        consumer
+            .next(pool, move |tx, record| {
+                let attempts = attempts.clone();
+                Box::pin(async move {
+                    use rdkafka::Message as _;
+                    if record.message().payload() == Some(b"fail-twice".as_slice())
+                        && attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2
+                    {
+                        return Err("not yet".to_owned());
+                    }
+                    sqlx::query("INSERT INTO applied (id) VALUES (?)")
+                        .bind(record.key().as_str())
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+    }
+    sqlx::query_scalar("SELECT id FROM applied ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// A partition's messages apply in offset order, whatever their keys' order (here the
+/// reverse of it): a round's batch runs its handlers in the order of its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_partition_applies_in_offset_order_not_in_key_order() {
+    let (cluster, topic) = one_partition(&[("e-3", "3"), ("e-2", "2"), ("e-1", "1")]).await;
+    let pool = ledger().await;
+    let consumer = KafkaConsumer::new(
+        member(&cluster.bootstrap_servers(), &unique("ordered-group")),
+        &[&topic],
+        Inbox::new("ordered").unwrap(),
+    )
+    .unwrap()
+    .batch(10, Duration::from_millis(300));
+    let applied = applied_in_order(&consumer, &pool, 3).await;
+    assert_eq!(applied, ["e-3", "e-2", "e-1"]);
+}
+
+/// A message that fails (twice, then succeeds) holds back the messages after it in its
+/// partition: they apply after it, never before, and each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_failed_message_holds_back_the_messages_after_it() {
+    let (cluster, topic) =
+        one_partition(&[("a", "a"), ("b", "fail-twice"), ("c", "c"), ("d", "d")]).await;
+    let pool = ledger().await;
+    let consumer = KafkaConsumer::new(
+        member(&cluster.bootstrap_servers(), &unique("held-group")),
+        &[&topic],
+        Inbox::new("held").unwrap().max_attempts(5),
+    )
+    .unwrap()
+    .batch(10, Duration::from_millis(300));
+    let applied = applied_in_order(&consumer, &pool, 4).await;
+    assert_eq!(applied, ["a", "b", "c", "d"], "applied out of order");
+    let (status, attempts): (String, i64) =
+        sqlx::query_as("SELECT status, attempts FROM idem_inbox WHERE message_key = 'b'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // Its first round ran it twice (the batch's attempt without savepoints, rolled back
+    // whole, then up to it with one): one failed attempt recorded; the second round's
+    // succeeded.
+    assert_eq!((status.as_str(), attempts), ("SUCCESS", 2));
+}

@@ -103,6 +103,16 @@ struct Lead {
     first: usize,
 }
 
+/// Whether a batch keeps its messages' order when one fails ([`Inbox::batch_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// A failed message does not hold back the others (the broker redelivers it alone).
+    Free,
+    /// A failed message with attempts left holds back the messages after it (a log read
+    /// in order: a Kafka partition).
+    Kept,
+}
+
 /// The batch's messages, copies folded: the leads in key order (the order their records
 /// are inserted in, so that two batches sharing keys lock them in the same order), and for
 /// each message its lead and its fingerprint.
@@ -115,6 +125,13 @@ struct Folded {
 }
 
 impl Folded {
+    /// The leads' positions in the order of their first delivery.
+    fn in_message_order(&self) -> Vec<usize> {
+        let mut runs: Vec<usize> = (0..self.leads.len()).collect();
+        runs.sort_by_key(|&n| self.leads[n].first);
+        runs
+    }
+
     fn of<M: Incoming>(messages: &[M]) -> Folded {
         let mut firsts: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
         for (i, message) in messages.iter().enumerate() {
@@ -428,6 +445,8 @@ impl Inbox {
     /// transaction; the answers come back in the order of `messages`, one per message, once
     /// the batch committed. Ack each message on [`settles_with_ack`], and only then.
     ///
+    /// - The handlers run one after another in the order of `messages` (a message delivered
+    ///   twice at its first delivery).
     /// - A message delivered twice in the batch is processed once; its other delivery is its
     ///   duplicate (or, with another payload, a conflict), as across batches.
     /// - Every message is recorded in one statement and every result stored in one more (one
@@ -496,7 +515,28 @@ impl Inbox {
         &self,
         pool: &Pool<DB>,
         messages: &[M],
+        handler: F,
+    ) -> Result<Vec<Settled<T, E>>, Error<Infallible>>
+    where
+        DB: Backend,
+        M: Incoming,
+        T: Serialize + DeserializeOwned + Send,
+        E: fmt::Display + Send,
+        F: for<'t> FnMut(&'t mut Transaction<'static, DB>, &'t M) -> BatchFuture<'t, T, E> + Send,
+    {
+        self.batch_in(pool, messages, handler, Order::Free).await
+    }
+
+    /// [`batch`](Self::batch), and with [`Order::Kept`], stopped at the first message that
+    /// fails and still has attempts left: it and the messages before it are settled (the
+    /// answers are a prefix of `messages`), the messages after it are not run, not
+    /// recorded, not answered, so that they are delivered again after it, in their order.
+    pub(crate) async fn batch_in<DB, M, T, E, F>(
+        &self,
+        pool: &Pool<DB>,
+        messages: &[M],
         mut handler: F,
+        order: Order,
     ) -> Result<Vec<Settled<T, E>>, Error<Infallible>>
     where
         DB: Backend,
@@ -508,15 +548,15 @@ impl Inbox {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let folded = Folded::of(messages);
+        let mut folded = Folded::of(messages);
         let codec = codec::<Result<T, E>>();
-        let plan = BatchPlan {
-            inbox: self,
-            folded: &folded,
-        };
         let mut savepoints = false;
         let mut backoff = Backoff::default();
         loop {
+            let plan = BatchPlan {
+                inbox: self,
+                folded: &folded,
+            };
             let mut work = match begin(pool, &plan).await {
                 Begun::Run(work) => work,
                 Begun::Done(Ok(Some(entries))) => {
@@ -535,13 +575,22 @@ impl Inbox {
                 Begun::Done(Err(e)) => return Err(e),
             };
             let entries = work.kept().entries.clone();
-            let mut ran: Vec<Ran<T, E>> = Vec::with_capacity(folded.leads.len());
+            // The handlers run in the order of the messages (a lead at its first delivery);
+            // `ran` is kept in the leads' order, the records'.
+            let mut ran: Vec<Option<Ran<T, E>>> = (0..folded.leads.len()).map(|_| None).collect();
             let mut failed = false;
-            for (lead, found) in folded.leads.iter().zip(&entries.found) {
+            let mut cut = None;
+            let runs = folded.in_message_order();
+            for (step, &n) in runs.iter().enumerate() {
+                let (lead, found) = (&folded.leads[n], &entries.found[n]);
                 let Finding::Run { attempts, .. } = *found else {
-                    ran.push(Ran::No);
+                    ran[n] = Some(Ran::No);
                     continue;
                 };
+                // Whether a failure here holds back the messages after it (kept order, an
+                // attempt left, and messages after it to hold back).
+                let halts =
+                    order == Order::Kept && attempts < self.max_attempts && step + 1 < runs.len();
                 if savepoints {
                     DB::execute_script(&mut **work.transaction(), idem_sql::inbox::BATCH_SAVEPOINT)
                         .await?;
@@ -581,7 +630,13 @@ impl Inbox {
                             )
                             .await?;
                         }
-                        ran.push(Ran::Done(value, json));
+                        ran[n] = Some(Ran::Done(value, json));
+                    }
+                    Err(_) if halts => {
+                        // This attempt goes, whole; the next covers the messages up to
+                        // this one, each handler in a savepoint.
+                        cut = Some(lead.first + 1);
+                        break;
                     }
                     Err(_) if !savepoints => {
                         failed = true;
@@ -606,7 +661,7 @@ impl Inbox {
                             dead,
                         )
                         .await?;
-                        ran.push(Ran::Failed {
+                        ran[n] = Some(Ran::Failed {
                             error,
                             text,
                             attempts,
@@ -615,6 +670,13 @@ impl Inbox {
                     }
                 }
             }
+            if let Some(cut) = cut {
+                drop(work);
+                folded = Folded::of(&messages[..cut]);
+                savepoints = true;
+                continue;
+            }
+            let ran: Vec<Ran<T, E>> = ran.into_iter().map(|r| r.unwrap_or(Ran::No)).collect();
             if failed {
                 // A handler failed without a savepoint to roll back to: this attempt goes,
                 // whole, and the next runs each handler in a savepoint.

@@ -16,16 +16,17 @@
 //!   accepts a live member's commit for a partition it no longer owns), and a commit Kafka
 //!   refuses for a fenced generation (`UNKNOWN_MEMBER_ID`, `ILLEGAL_GENERATION`,
 //!   `REBALANCE_IN_PROGRESS`) means someone else has it now, never a loss;
-//! - **a message whose handler fails** is read again: its partition's offset is committed up
-//!   to it and the member seeks back to it. After the inbox's
+//! - **a partition's messages apply in their order**: the handlers run in offset order, and
+//!   a message whose handler fails holds back the partition's messages after it (they are
+//!   not run, not recorded). Its partition's offset is committed up to it and the member
+//!   seeks back to it, so it is read again, then the ones after it. After the inbox's
 //!   [`max_attempts`](Inbox::max_attempts) it is parked ([`Delivery::Dead`], its record
-//!   keeping the last error) and the partition moves on. The messages after it in its batch
-//!   were applied already: they are read again with it and absorbed.
+//!   keeping the last error) and the partition moves on.
 //!
 //! Auto-commit is refused: a background commit of what was polled, before the database
 //! committed it, loses messages on a crash.
 
-use super::batch::{BatchFuture, Incoming, Settled};
+use super::batch::{BatchFuture, Incoming, Order, Settled};
 use super::{Delivery, Inbox, MessageKey};
 use crate::backend::Backend;
 use crate::error::Error;
@@ -500,18 +501,25 @@ impl KafkaConsumer {
         let first = records.first().map_or(0, |r| r.message.offset());
         let failed = |e: KafkaRoundError| (e, first);
         {
+            // Kept order: a message that fails with attempts left holds back the partition's
+            // messages after it, which are read again after it.
             let settled = self
                 .inbox
-                .batch(pool, &records, |tx, record| match &record.unkeyed {
-                    Some(why) => {
-                        let why = why.clone();
-                        Box::pin(async move { Err(KafkaHandlerError::NoKey(why)) })
-                    }
-                    None => {
-                        let run = handler(tx, record);
-                        Box::pin(async move { run.await.map_err(KafkaHandlerError::Handler) })
-                    }
-                })
+                .batch_in(
+                    pool,
+                    &records,
+                    |tx, record| match &record.unkeyed {
+                        Some(why) => {
+                            let why = why.clone();
+                            Box::pin(async move { Err(KafkaHandlerError::NoKey(why)) })
+                        }
+                        None => {
+                            let run = handler(tx, record);
+                            Box::pin(async move { run.await.map_err(KafkaHandlerError::Handler) })
+                        }
+                    },
+                    Order::Kept,
+                )
                 .await
                 .map_err(|e| failed(e.into()))?;
             // The next offset to read: past every message settled for good, up to the first
@@ -520,7 +528,9 @@ impl KafkaConsumer {
                 .iter()
                 .zip(&settled)
                 .find(|(_, settled)| !settled_for_good(settled))
-                .map(|(record, _)| record.message.offset());
+                .map(|(record, _)| record.message.offset())
+                // Held back behind a failed message (not run, not answered).
+                .or_else(|| records.get(settled.len()).map(|r| r.message.offset()));
             let last = records.last().map_or(0, |r| r.message.offset());
             let next = again.unwrap_or(last + 1);
             let still_owned =
