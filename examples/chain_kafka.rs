@@ -20,6 +20,8 @@
 
 #[path = "chain/app.rs"]
 mod app;
+#[path = "chain/demo.rs"]
+mod demo;
 #[path = "chain/kafka.rs"]
 mod kafka;
 
@@ -28,33 +30,10 @@ use rdkafka::client::DefaultClientContext;
 use std::time::Duration;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let arg = |n: usize, var: &str| std::env::args().nth(n).or_else(|| std::env::var(var).ok());
-    let servers = arg(1, "BOOTSTRAP_SERVERS").unwrap_or_else(|| "127.0.0.1:9092".into());
-    let orders: i64 = arg(3, "ORDERS").map_or(Ok(200), |n| n.parse())?;
-    let database_url = match arg(2, "DATABASE_URL") {
-        Some(url) => url,
-        None => {
-            let path = std::env::temp_dir().join("idem-chain-kafka.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            format!("sqlite:{}?mode=rwc", path.display())
-        }
-    };
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::any::AnyPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url)
-        .await?;
-    if database_url.starts_with("sqlite:") {
-        sqlx::raw_sql("PRAGMA journal_mode = WAL")
-            .execute(&pool)
-            .await?;
-    }
-    app::setup(&pool, orders)
-        .await
-        .map_err(|e| format!("setup: {e}"))?;
+async fn main() -> Result<(), demo::Failure> {
+    let args = demo::Args::read("BOOTSTRAP_SERVERS", "127.0.0.1:9092")?;
+    let (servers, orders) = (args.broker, args.orders);
+    let pool = demo::database(args.database_url, "idem-chain-kafka.db", orders).await?;
 
     // The broker: a topic of this run's own, six partitions.
     let topic = format!(
@@ -90,13 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let first = member(pool.clone());
 
     // The clients: each payment sent once, twice or three times with the same key.
-    let client = Client(addr);
-    for order_id in 1..=orders {
-        let key = format!("pay-{order_id}");
-        for _ in 0..=(order_id % 3) {
-            client.pay(order_id, &key).await?;
-        }
-    }
+    demo::pay_every_order(addr, orders).await?;
     // The relay publishes some messages again, as one that died after the broker's
     // acknowledgement and before its mark would; a second member joins the group.
     sqlx::raw_sql("UPDATE idem_outbox SET published_at = NULL WHERE seq % 7 = 0")
@@ -105,60 +78,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let second = member(pool.clone());
 
     // Until every order has its coupon.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let report = loop {
-        let report = app::report(&pool).await?;
-        if report.rewarded == orders && report.pending == 0 || std::time::Instant::now() > deadline
-        {
-            break report;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    println!("{report:?}");
+    let report = demo::until_rewarded(&pool, orders).await?;
     relay.stop().await;
     first.abort();
     second.abort();
     admin.delete_topics(&[topic.as_str()], &options).await?;
-    assert_eq!(
-        (
-            report.paid,
-            report.rewarded,
-            report.coupons,
-            report.doubled,
-            report.staged,
-            report.pending
-        ),
-        (orders, orders, orders, 0, orders, 0),
-        "one payment, one message, one coupon per order, every message published"
-    );
-    println!("{orders} orders: {orders} coupons, none twice, every message published");
+    demo::check(report, orders);
     Ok(())
-}
-
-/// A client of the API: one HTTP/1.1 request per connection.
-struct Client(std::net::SocketAddr);
-
-impl Client {
-    async fn pay(
-        &self,
-        order_id: i64,
-        key: &str,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        use http_body_util::{BodyExt, Empty};
-        let stream = tokio::net::TcpStream::connect(self.0).await?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        let request = hyper::Request::post(format!("/orders/{order_id}/pay"))
-            .header("host", "localhost")
-            .header("idempotency-key", key)
-            .body(Empty::<bytes::Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        let _ = response.into_body().collect().await?;
-        if !status.is_success() {
-            return Err(format!("order {order_id}: {status}").into());
-        }
-        Ok(())
-    }
 }

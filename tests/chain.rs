@@ -18,7 +18,7 @@
 //! stop a relay's re-publish: a new send, under the same idem id). At the end: exactly one
 //! coupon per order, no order without its coupon, every message published and consumed.
 
-use crate::brokers::{KAFKA_PARTITIONS, kafka_topic, kafka_url, nats_url, unique};
+use crate::brokers::{KAFKA_PARTITIONS, kafka_offsets, kafka_topic, kafka_url, nats_url, unique};
 use crate::child::{self, ChildProcess, report};
 use crate::common;
 
@@ -218,16 +218,12 @@ impl Broker {
                 (info.num_pending == 0 && info.num_ack_pending == 0).then_some(held)
             }
             Broker::Kafka(url) => {
-                let (url, name) = (url.clone(), name.to_owned());
-                tokio::task::spawn_blocking(move || {
-                    let offsets = kafka_offsets(&url, &name, &name);
-                    offsets
-                        .iter()
-                        .all(|(committed, end)| committed == end)
-                        .then(|| offsets.iter().map(|(_, end)| *end as u64).sum())
-                })
-                .await
-                .unwrap()
+                // The group is named after the topic (see `kafka::consume`).
+                let offsets = kafka_offsets(url, name, name, KAFKA_PARTITIONS).await;
+                offsets
+                    .iter()
+                    .all(|(committed, end)| committed == end)
+                    .then(|| offsets.iter().map(|(_, end)| *end as u64).sum())
             }
         }
     }
@@ -278,31 +274,6 @@ impl Broker {
             Broker::Kafka(_) => (FaultPoint::Committed, 20),
         }
     }
-}
-
-/// Each partition of `topic`'s committed offset for `group`, and its end.
-fn kafka_offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = kafka::member(url, group).create().unwrap();
-    let mut list = rdkafka::TopicPartitionList::new();
-    for partition in 0..KAFKA_PARTITIONS {
-        list.add_partition(topic, partition);
-    }
-    let committed = consumer
-        .committed_offsets(list, Duration::from_secs(10))
-        .unwrap();
-    (0..KAFKA_PARTITIONS)
-        .map(|partition| {
-            let committed = match committed.find_partition(topic, partition).unwrap().offset() {
-                rdkafka::Offset::Offset(n) => n,
-                _ => 0,
-            };
-            let (_, end) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .unwrap();
-            (committed, end)
-        })
-        .collect()
 }
 
 async fn chain(broker: &str, backend: &str) {

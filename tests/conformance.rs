@@ -38,7 +38,8 @@
 //! message ends acknowledged.
 
 use crate::brokers::{
-    self, BrokerMessage, Db, KAFKA_PARTITIONS, Pause, Workers, kafka_topic, unique,
+    self, BrokerMessage, Db, KAFKA_PARTITIONS, Pause, Workers, kafka_member, kafka_offsets,
+    kafka_topic, unique,
 };
 use crate::child::{ChildProcess, report};
 use crate::{nats, rabbitmq};
@@ -759,17 +760,6 @@ struct Kafka {
     group: String,
 }
 
-/// A member of `group`: a session of 6 s, so a dead member's partitions move on quickly.
-fn kafka_member(url: &str, group: &str) -> rdkafka::ClientConfig {
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", url)
-        .set("group.id", group)
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500");
-    config
-}
-
 impl Kafka {
     fn member(&self) -> rdkafka::ClientConfig {
         kafka_member(&self.url, &self.group)
@@ -777,69 +767,14 @@ impl Kafka {
 
     /// Each partition's committed offset and its end.
     async fn offsets(&self) -> Vec<(i64, i64)> {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let (config, topic) = (self.member(), self.topic.clone());
-        tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = config.create().unwrap();
-            let mut list = rdkafka::TopicPartitionList::new();
-            for partition in 0..KAFKA_PARTITIONS {
-                list.add_partition(&topic, partition);
-            }
-            let committed = consumer
-                .committed_offsets(list, Duration::from_secs(10))
-                .unwrap();
-            (0..KAFKA_PARTITIONS)
-                .map(|partition| {
-                    let committed = committed
-                        .find_partition(&topic, partition)
-                        .unwrap()
-                        .offset();
-                    let committed = match committed {
-                        rdkafka::Offset::Offset(n) => n,
-                        _ => 0,
-                    };
-                    let (_, end) = consumer
-                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-                        .unwrap();
-                    (committed, end)
-                })
-                .collect()
-        })
-        .await
-        .unwrap()
+        kafka_offsets(&self.url, &self.group, &self.topic, KAFKA_PARTITIONS).await
     }
 }
 
 /// One round of a member, each message's effect a row in `effects`, after `pause` in its
-/// handler.
+/// handler; a message whose payload says `poison` fails.
 macro_rules! kafka_round {
     ($consumer:expr, $pool:expr, $positional:expr, $pause:expr) => {
-        $consumer
-            .next($pool, |tx, record| {
-                Box::pin(async move {
-                    let order = brokers::order_of(record.key());
-                    sqlx::query(crate::common::placed(
-                        $positional,
-                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
-                    ))
-                    .bind(order)
-                    .execute(&mut **tx)
-                    .await?;
-                    if let Pause::Forever(point) = $pause {
-                        crate::child::report(&format!("crash-point {point}"));
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<_, sqlx::Error>(order)
-                })
-            })
-            .await
-            .unwrap()
-    };
-}
-
-/// A round of a member whose handler fails a message whose payload says `poison`.
-macro_rules! kafka_poison_round {
-    ($consumer:expr, $pool:expr, $positional:expr) => {
         $consumer
             .next($pool, |tx, record| {
                 Box::pin(async move {
@@ -857,6 +792,10 @@ macro_rules! kafka_poison_round {
                     .execute(&mut **tx)
                     .await
                     .map_err(|e| e.to_string())?;
+                    if let Pause::Forever(point) = $pause {
+                        crate::child::report(&format!("crash-point {point}"));
+                        std::future::pending::<()>().await;
+                    }
                     Ok(order)
                 })
             })
@@ -865,15 +804,7 @@ macro_rules! kafka_poison_round {
     };
 }
 
-async fn kafka_poison_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, String> {
-    match db {
-        Db::Postgres(pool) => kafka_poison_round!(consumer, pool, false),
-        Db::Sqlite(pool) => kafka_poison_round!(consumer, pool, false),
-        Db::MySql(pool) => kafka_poison_round!(consumer, pool, true),
-    }
-}
-
-async fn kafka_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, sqlx::Error> {
+async fn kafka_round(consumer: &KafkaConsumer, db: &Db) -> KafkaRound<i64, String> {
     kafka_round_paused(consumer, db, Pause::None).await
 }
 
@@ -881,7 +812,7 @@ async fn kafka_round_paused(
     consumer: &KafkaConsumer,
     db: &Db,
     pause: Pause,
-) -> KafkaRound<i64, sqlx::Error> {
+) -> KafkaRound<i64, String> {
     match db {
         Db::Postgres(pool) => kafka_round!(consumer, pool, false, pause),
         Db::Sqlite(pool) => kafka_round!(consumer, pool, false, pause),
@@ -910,28 +841,11 @@ impl Broker for Kafka {
     }
 
     async fn publish(&self, messages: &[(String, String)]) {
-        use rdkafka::message::{Header, OwnedHeaders};
-        use rdkafka::producer::{FutureProducer, FutureRecord};
-        // Not idempotent: the copies are sent on purpose.
-        let producer: FutureProducer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &self.url)
-            .set("enable.idempotence", "false")
-            .set("acks", "all")
-            .create()
-            .unwrap();
-        let sends = messages.iter().map(|(key, payload)| {
-            let record = FutureRecord::to(&self.topic)
-                .key(key)
-                .payload(payload)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: idem::outbox::kafka::ID_HEADER,
-                    value: Some(key.as_bytes()),
-                }));
-            producer.send(record, Duration::from_secs(30))
-        });
-        for sent in futures_util::future::join_all(sends).await {
-            sent.unwrap();
-        }
+        let records: Vec<_> = messages
+            .iter()
+            .map(|(key, payload)| (key.clone(), Some(key.clone()), payload.clone()))
+            .collect();
+        brokers::kafka_produce(&self.url, &self.topic, &records).await;
     }
 
     async fn held(&self) -> u64 {
@@ -1043,7 +957,7 @@ impl Broker for Kafka {
                 // Stopped once every offset is committed: waiting for a first message.
                 tokio::select! {
                     _ = stop.wait_for(|stop| *stop) => return,
-                    _ = kafka_poison_round(&member, &db) => {}
+                    _ = kafka_round(&member, &db) => {}
                 }
             }
         })

@@ -4,76 +4,21 @@
 //! between two members losing and doubling nothing, and a configuration with auto-commit
 //! refused.
 
-use crate::brokers::{KAFKA_PARTITIONS, kafka_url, unique, with_kafka_topic};
+use crate::brokers::{
+    KAFKA_PARTITIONS, kafka_member, kafka_offsets, kafka_produce, kafka_url, unique,
+    with_kafka_topic,
+};
 use crate::common;
 
 use idem::inbox::kafka::{KafkaConsumer, KafkaConsumerError, KafkaHandlerError, KeyFrom};
 use idem::inbox::{Delivery, Inbox};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Produces `(key, id, payload)` records; an id of `None` sends no `idem-message-id`.
-async fn produce(url: &str, topic: &str, records: &[(String, Option<String>, String)]) {
-    // Not idempotent: the copies the tests need are sent on purpose, and a send that
-    // fails fails the test.
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", url)
-        .set("enable.idempotence", "false")
-        .set("acks", "all")
-        .create()
-        .unwrap();
-    for (key, id, payload) in records {
-        let mut record = FutureRecord::to(topic).key(key).payload(payload);
-        if let Some(id) = id {
-            record = record.headers(OwnedHeaders::new().insert(Header {
-                key: "idem-message-id",
-                value: Some(id.as_bytes()),
-            }));
-        }
-        producer
-            .send(record, Timeout::After(Duration::from_secs(10)))
-            .await
-            .unwrap();
-    }
-}
-
-fn member_config(url: &str, group: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", url)
-        .set("group.id", group)
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500");
-    config
-}
-
 /// Each partition's committed offset for `group`, and its end.
-fn offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = member_config(url, group).create().unwrap();
-    let mut list = TopicPartitionList::new();
-    for partition in 0..KAFKA_PARTITIONS {
-        list.add_partition(topic, partition);
-    }
-    let committed = consumer
-        .committed_offsets(list, Duration::from_secs(10))
-        .unwrap();
-    (0..KAFKA_PARTITIONS)
-        .map(|partition| {
-            let committed = match committed.find_partition(topic, partition).unwrap().offset() {
-                Offset::Offset(n) => n,
-                _ => 0,
-            };
-            let (_, high) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .unwrap();
-            (committed, high)
-        })
-        .collect()
+async fn offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
+    kafka_offsets(url, group, topic, KAFKA_PARTITIONS).await
 }
 
 async fn ledger(name: &str) -> sqlx::SqlitePool {
@@ -139,11 +84,11 @@ async fn kafka_copies_are_absorbed_and_offsets_follow_the_database() {
                 ));
             }
         }
-        produce(&url, &name, &records).await;
+        kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka").await;
         let group = unique("group");
         let consumer = KafkaConsumer::new(
-            member_config(&url, &group),
+            kafka_member(&url, &group),
             &[&name],
             Inbox::new("kafka-copies").unwrap(),
         )
@@ -163,7 +108,7 @@ async fn kafka_copies_are_absorbed_and_offsets_follow_the_database() {
         }
         assert_eq!((processed, duplicates), (60, records.len() - 60));
         assert_eq!(effects(&pool).await, (60, 60));
-        for (committed, end) in offsets(&url, &group, &name) {
+        for (committed, end) in offsets(&url, &group, &name).await {
             assert_eq!(
                 committed, end,
                 "a partition's offset was not committed to its end"
@@ -186,11 +131,11 @@ async fn kafka_a_poison_message_and_one_without_a_key_are_parked_and_the_partiti
             ("one".to_owned(), None, "unkeyed".to_owned()),
             ("one".to_owned(), Some("b".to_owned()), "b".to_owned()),
         ];
-        produce(&url, &name, &records).await;
+        kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka-poison").await;
         let group = unique("group");
         let consumer = KafkaConsumer::new(
-            member_config(&url, &group),
+            kafka_member(&url, &group),
             &[&name],
             Inbox::new("kafka-poison").unwrap().max_attempts(3),
         )
@@ -228,7 +173,7 @@ async fn kafka_a_poison_message_and_one_without_a_key_are_parked_and_the_partiti
         // Two attempts of each failed before the third parked it.
         assert!(failures >= 4, "{failures} failed attempts");
         assert_eq!(effects(&pool).await, (2, 2), "a and b, once each");
-        let offsets = offsets(&url, &group, &name);
+        let offsets = offsets(&url, &group, &name).await;
         assert!(
             offsets.iter().all(|(committed, end)| committed == end),
             "{offsets:?}"
@@ -252,13 +197,13 @@ async fn kafka_a_failed_round_reads_its_messages_again() {
                 )
             })
             .collect();
-        produce(&url, &name, &records).await;
+        kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka-failed-round").await;
         let closed =
             common::sqlite_file(&format!("inbox-kafka-closed-{}", common::next_id()), 1).await;
         closed.close().await;
         let consumer = KafkaConsumer::new(
-            member_config(&url, &unique("group")),
+            kafka_member(&url, &unique("group")),
             &[&name],
             Inbox::new("kafka-failed-round").unwrap(),
         )
@@ -309,13 +254,13 @@ async fn kafka_a_rebalance_between_two_members_applies_each_message_once() {
                 ));
             }
         }
-        produce(&url, &name, &records).await;
+        kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka-rebalance").await;
         let group = unique("group");
         let member = |pool: sqlx::SqlitePool, url: String, name: String, group: String| {
             tokio::spawn(async move {
                 let consumer = KafkaConsumer::new(
-                    member_config(&url, &group),
+                    kafka_member(&url, &group),
                     &[&name],
                     Inbox::new("kafka-rebalance").unwrap(),
                 )
@@ -354,7 +299,7 @@ async fn kafka_a_rebalance_between_two_members_applies_each_message_once() {
         );
         let read = first + second;
         assert!(read >= records.len(), "{read} read of {}", records.len());
-        for (committed, end) in offsets(&url, &group, &name) {
+        for (committed, end) in offsets(&url, &group, &name).await {
             assert_eq!(committed, end);
         }
     })
@@ -378,6 +323,46 @@ fn kafka_consumer_refuses_auto_commit_and_a_missing_group() {
     let refused = KafkaConsumer::new(config, &["t"], Inbox::new("g").unwrap()).unwrap_err();
     assert!(matches!(refused, KafkaConsumerError::NoGroup));
     let _ = KeyFrom::Position;
+}
+
+/// The PostgreSQL schema `idem_test_{name}` of the member processes' tests, with idem's
+/// tables, the effects and the members' reads: a pool on it, and the URL a member process
+/// connects with. `None` without PostgreSQL.
+async fn members_database(name: &str) -> Option<(sqlx::PgPool, String)> {
+    let pool = common::postgres(name, 4).await?;
+    let url = common::postgres_url().unwrap();
+    let join = if url.contains('?') { '&' } else { '?' };
+    let database = format!("{url}{join}options=-c%20search_path%3Didem_test_{name}");
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE kafka_effects (id TEXT NOT NULL, payload TEXT NOT NULL);
+         CREATE TABLE kafka_reads (applied BIGINT NOT NULL, absorbed BIGINT NOT NULL);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    Some((pool, database))
+}
+
+/// A member process ([`kafka_member_child`]) of `group` on `topic`, writing to `database`,
+/// with `env` besides.
+fn spawn_member(
+    database: &str,
+    group: &str,
+    topic: &str,
+    env: &[(&'static str, String)],
+) -> crate::child::ChildProcess {
+    let mut all = vec![
+        ("IDEM_KAFKA_MEMBER_DB", database.to_owned()),
+        ("IDEM_KAFKA_MEMBER_GROUP", group.to_owned()),
+        ("IDEM_KAFKA_MEMBER_TOPIC", topic.to_owned()),
+    ];
+    all.extend(env.iter().cloned());
+    crate::child::ChildProcess::spawn(
+        "inbox_kafka::kafka_member_child",
+        &all,
+        &["IDEM_CRASH_NTH", "IDEM_PAUSE_NTH", "IDEM_PAUSE_RELEASE"],
+    )
 }
 
 /// The member of [`kafka_members_killed_and_joining_apply_each_message_once`] and
@@ -418,7 +403,7 @@ fn kafka_member_child() {
             .await
             .unwrap();
         let consumer = KafkaConsumer::new(
-            member_config(&kafka_url().unwrap(), &var("IDEM_KAFKA_MEMBER_GROUP")),
+            kafka_member(&kafka_url().unwrap(), &var("IDEM_KAFKA_MEMBER_GROUP")),
             &[&var("IDEM_KAFKA_MEMBER_TOPIC")],
             Inbox::new("kafka-members").unwrap(),
         )
@@ -480,22 +465,9 @@ fn kafka_member_child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_members_killed_and_joining_apply_each_message_once() {
     let name = format!("kafka_members_{}", common::next_id());
-    let Some(pool) = common::postgres(&name, 4).await else {
+    let Some((pool, database)) = members_database(&name).await else {
         return;
     };
-    let database = {
-        let url = common::postgres_url().unwrap();
-        let join = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{join}options=-c%20search_path%3Didem_test_{name}")
-    };
-    idem::migrate(&pool).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE kafka_effects (id TEXT NOT NULL, payload TEXT NOT NULL);
-         CREATE TABLE kafka_reads (applied BIGINT NOT NULL, absorbed BIGINT NOT NULL);",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
     with_kafka_topic("inbox-members", |kafka, topic| async move {
             const MESSAGES: i64 = 1000;
             let mut records = Vec::new();
@@ -504,22 +476,11 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
                     records.push((format!("k{}", i % 50), Some(format!("m-{i}")), format!("{i}")));
                 }
             }
-            produce(&kafka, &topic, &records).await;
+            kafka_produce(&kafka, &topic, &records).await;
             let group = unique("members");
             let spawn = |crash: Option<u64>| {
-                let mut env = vec![
-                    ("IDEM_KAFKA_MEMBER_DB", database.clone()),
-                    ("IDEM_KAFKA_MEMBER_GROUP", group.clone()),
-                    ("IDEM_KAFKA_MEMBER_TOPIC", topic.clone()),
-                ];
-                if let Some(nth) = crash {
-                    env.push(("IDEM_CRASH_NTH", nth.to_string()));
-                }
-                crate::child::ChildProcess::spawn(
-                    "inbox_kafka::kafka_member_child",
-                    &env,
-                    &["IDEM_CRASH_NTH", "IDEM_PAUSE_NTH", "IDEM_PAUSE_RELEASE"],
-                )
+                let env: Vec<_> = crash.map(|nth| ("IDEM_CRASH_NTH", nth.to_string())).into_iter().collect();
+                spawn_member(&database, &group, &topic, &env)
             };
             let mut doomed = spawn(Some(4));
             doomed.step("ready").await;
@@ -546,10 +507,7 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
                         .fetch_one(&pool)
                         .await
                         .unwrap();
-                let (kafka3, group3, topic3) = (kafka.clone(), group.clone(), topic.clone());
-                let offsets = tokio::task::spawn_blocking(move || offsets(&kafka3, &group3, &topic3))
-                    .await
-                    .unwrap();
+                let offsets = offsets(&kafka, &group, &topic).await;
                 if applied == MESSAGES && offsets.iter().all(|(c, e)| c == e) {
                     break;
                 }
@@ -585,7 +543,7 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
                 "{applied} applied and {absorbed} absorbed of {} records",
                 records.len()
             );
-            for (committed, end) in offsets(&kafka, &group, &topic) {
+            for (committed, end) in offsets(&kafka, &group, &topic).await {
                 assert_eq!(committed, end, "a partition's offset was not committed to its end");
             }
     })
@@ -601,22 +559,9 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_a_member_frozen_past_its_session_commits_nothing_it_lost() {
     let name = format!("kafka_frozen_{}", common::next_id());
-    let Some(pool) = common::postgres(&name, 4).await else {
+    let Some((pool, database)) = members_database(&name).await else {
         return;
     };
-    let database = {
-        let url = common::postgres_url().unwrap();
-        let join = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{join}options=-c%20search_path%3Didem_test_{name}")
-    };
-    idem::migrate(&pool).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE kafka_effects (id TEXT NOT NULL, payload TEXT NOT NULL);
-         CREATE TABLE kafka_reads (applied BIGINT NOT NULL, absorbed BIGINT NOT NULL);",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
     let release = common::scratch_file(&format!("{name}.release"));
     let _ = std::fs::remove_file(&release);
     with_kafka_topic("inbox-frozen", |kafka, topic| async move {
@@ -631,23 +576,15 @@ async fn kafka_a_member_frozen_past_its_session_commits_nothing_it_lost() {
                 ));
             }
         }
-        produce(&kafka, &topic, &records).await;
+        kafka_produce(&kafka, &topic, &records).await;
         let group = unique("frozen");
         let spawn = |pause: Option<u64>| {
-            let mut env = vec![
-                ("IDEM_KAFKA_MEMBER_DB", database.clone()),
-                ("IDEM_KAFKA_MEMBER_GROUP", group.clone()),
-                ("IDEM_KAFKA_MEMBER_TOPIC", topic.clone()),
-            ];
+            let mut env = Vec::new();
             if let Some(nth) = pause {
                 env.push(("IDEM_PAUSE_NTH", nth.to_string()));
                 env.push(("IDEM_PAUSE_RELEASE", release.display().to_string()));
             }
-            crate::child::ChildProcess::spawn(
-                "inbox_kafka::kafka_member_child",
-                &env,
-                &["IDEM_CRASH_NTH", "IDEM_PAUSE_NTH", "IDEM_PAUSE_RELEASE"],
-            )
+            spawn_member(&database, &group, &topic, &env)
         };
         // Alone in the group, the first member owns every partition; it pauses after its
         // second batch's commit, and is frozen there.
@@ -662,15 +599,7 @@ async fn kafka_a_member_frozen_past_its_session_commits_nothing_it_lost() {
         other.step("ready").await;
         // The other member gets the partitions once the frozen one's session (6 s) is over,
         // and takes every partition to its end.
-        let (kafka2, group2, topic2) = (kafka.clone(), group.clone(), topic.clone());
-        let all_committed = || {
-            let (kafka, group, topic) = (kafka2.clone(), group2.clone(), topic2.clone());
-            async move {
-                tokio::task::spawn_blocking(move || offsets(&kafka, &group, &topic))
-                    .await
-                    .unwrap()
-            }
-        };
+        let all_committed = || offsets(&kafka, &group, &topic);
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let (applied,): (i64,) = sqlx::query_as("SELECT COUNT(DISTINCT id) FROM kafka_effects")

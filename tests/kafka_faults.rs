@@ -12,18 +12,17 @@
 //! - the broker down when the relay starts: nothing is marked, and once it is up every
 //!   message is published.
 
-use crate::brokers::unique;
+use crate::brokers::{kafka_member, kafka_offsets, kafka_produce, unique};
 use crate::common;
 
 use idem::inbox::kafka::{KafkaConsumer, KafkaRound};
 use idem::inbox::{Delivery, Inbox};
 use idem::outbox::{self, Message, Relay};
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::producer::DefaultProducerContext;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use rdkafka::util::Timeout;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 2;
@@ -37,33 +36,10 @@ fn cluster(topic: &str) -> MockCluster<'static, DefaultProducerContext> {
 
 /// `n` messages, each with its idem id (`m-0`…), spread over the partitions by key.
 async fn produce(servers: &str, topic: &str, n: usize) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .create()
-        .unwrap();
-    for i in 0..n {
-        let id = format!("m-{i}");
-        let record = FutureRecord::to(topic).key(&id).payload(&id).headers(
-            rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-                key: outbox::kafka::ID_HEADER,
-                value: Some(id.as_bytes()),
-            }),
-        );
-        producer
-            .send(record, Timeout::After(Duration::from_secs(10)))
-            .await
-            .unwrap();
-    }
-}
-
-fn member(servers: &str, group: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", servers)
-        .set("group.id", group)
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500");
-    config
+    let records: Vec<_> = (0..n)
+        .map(|i| (format!("m-{i}"), Some(format!("m-{i}")), format!("m-{i}")))
+        .collect();
+    kafka_produce(servers, topic, &records).await;
 }
 
 async fn ledger() -> sqlx::SqlitePool {
@@ -102,34 +78,15 @@ async fn effects(pool: &sqlx::SqlitePool) -> (i64, i64) {
 }
 
 /// Each partition's committed offset for `group`, and its end.
-fn offsets(servers: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = member(servers, group).create().unwrap();
-    let mut list = TopicPartitionList::new();
-    for partition in 0..PARTITIONS {
-        list.add_partition(topic, partition);
-    }
-    let committed = consumer
-        .committed_offsets(list, Duration::from_secs(10))
-        .unwrap();
-    (0..PARTITIONS)
-        .map(|partition| {
-            let committed = match committed.find_partition(topic, partition).unwrap().offset() {
-                Offset::Offset(n) => n,
-                _ => 0,
-            };
-            let (_, end) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .unwrap();
-            (committed, end)
-        })
-        .collect()
+async fn offsets(servers: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
+    kafka_offsets(servers, group, topic, PARTITIONS).await
 }
 
 /// Rounds of a new member of `group` until nothing comes for 2 s: how many of its
 /// deliveries were absorbed as copies.
 async fn drain(servers: &str, group: &str, topic: &str, pool: &sqlx::SqlitePool) -> usize {
     let consumer = KafkaConsumer::new(
-        member(servers, group),
+        kafka_member(servers, group),
         &[topic],
         Inbox::new("faults").unwrap(),
     )
@@ -152,24 +109,54 @@ async fn drain(servers: &str, group: &str, topic: &str, pool: &sqlx::SqlitePool)
     absorbed
 }
 
+/// 20 messages on a test cluster's topic, a ledger, and a member to read them.
+struct Twenty {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    servers: String,
+    topic: String,
+    group: String,
+    pool: sqlx::SqlitePool,
+    consumer: KafkaConsumer,
+}
+
+impl Twenty {
+    async fn new(prefix: &str) -> Twenty {
+        let topic = unique(prefix);
+        let cluster = cluster(&topic);
+        let servers = cluster.bootstrap_servers();
+        produce(&servers, &topic, 20).await;
+        let group = unique(&format!("{prefix}-group"));
+        let consumer = KafkaConsumer::new(
+            kafka_member(&servers, &group),
+            &[&topic],
+            Inbox::new("faults").unwrap(),
+        )
+        .unwrap()
+        .batch(50, Duration::from_millis(300));
+        Twenty {
+            cluster,
+            servers,
+            topic,
+            group,
+            pool: ledger().await,
+            consumer,
+        }
+    }
+}
+
 /// The first round's first offset commit is refused with `error`: that partition is
 /// reported lost (the round itself is `Ok`, its messages applied), and a member that comes
 /// after reads it again from the last commit, absorbing what the first applied: each
 /// message once, every offset committed in the end.
 async fn fenced_commit(error: RDKafkaRespErr) {
-    let topic = unique("fenced");
-    let cluster = cluster(&topic);
-    let servers = cluster.bootstrap_servers();
-    produce(&servers, &topic, 20).await;
-    let pool = ledger().await;
-    let group = unique("fenced-group");
-    let consumer = KafkaConsumer::new(
-        member(&servers, &group),
-        &[&topic],
-        Inbox::new("faults").unwrap(),
-    )
-    .unwrap()
-    .batch(50, Duration::from_millis(300));
+    let Twenty {
+        cluster,
+        servers,
+        topic,
+        group,
+        pool,
+        consumer,
+    } = Twenty::new("fenced").await;
     cluster.request_errors(RDKafkaApiKey::OffsetCommit, &[error]);
     let first = round(&consumer, &pool)
         .await
@@ -199,10 +186,7 @@ async fn fenced_commit(error: RDKafkaRespErr) {
         absorbed >= lost_read && lost_read > 0,
         "{absorbed} absorbed, {lost_read} read in the lost partitions"
     );
-    let (servers2, group2, topic2) = (servers.clone(), group.clone(), topic.clone());
-    let offsets = tokio::task::spawn_blocking(move || offsets(&servers2, &group2, &topic2))
-        .await
-        .unwrap();
+    let offsets = offsets(&servers, &group, &topic).await;
     for (committed, end) in offsets {
         assert_eq!(committed, end, "an offset was left behind");
     }
@@ -228,19 +212,14 @@ async fn kafka_a_commit_refused_for_an_unknown_member_loses_the_partition_not_th
 /// absorbs what the database committed and commits every offset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_a_commit_that_fails_otherwise_fails_the_round_and_its_messages_are_read_again() {
-    let topic = unique("commit-fails");
-    let cluster = cluster(&topic);
-    let servers = cluster.bootstrap_servers();
-    produce(&servers, &topic, 20).await;
-    let pool = ledger().await;
-    let group = unique("commit-fails-group");
-    let consumer = KafkaConsumer::new(
-        member(&servers, &group),
-        &[&topic],
-        Inbox::new("faults").unwrap(),
-    )
-    .unwrap()
-    .batch(50, Duration::from_millis(300));
+    let Twenty {
+        cluster,
+        servers,
+        topic,
+        group,
+        pool,
+        consumer,
+    } = Twenty::new("commit-fails").await;
     cluster.request_errors(
         RDKafkaApiKey::OffsetCommit,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
@@ -265,10 +244,7 @@ async fn kafka_a_commit_that_fails_otherwise_fails_the_round_and_its_messages_ar
             .count();
     }
     assert_eq!(effects(&pool).await, (20, 20), "each message applied once");
-    let (servers2, group2, topic2) = (servers.clone(), group.clone(), topic.clone());
-    let offsets = tokio::task::spawn_blocking(move || offsets(&servers2, &group2, &topic2))
-        .await
-        .unwrap();
+    let offsets = offsets(&servers, &group, &topic).await;
     for (committed, end) in offsets {
         assert_eq!(committed, end, "an offset was left behind");
     }
@@ -286,7 +262,7 @@ async fn kafka_a_consumer_started_while_the_broker_is_down_waits_then_consumes()
     let pool = ledger().await;
     let group = unique("down-group");
     let consumer = KafkaConsumer::new(
-        member(&servers, &group),
+        kafka_member(&servers, &group),
         &[&topic],
         Inbox::new("faults").unwrap(),
     )
@@ -360,7 +336,7 @@ async fn kafka_a_relay_started_while_the_broker_is_down_holds_messages_back_unti
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Read back: each id at least once.
-    let reader: BaseConsumer = member(&servers, &unique("relay-down-reader"))
+    let reader: BaseConsumer = kafka_member(&servers, &unique("relay-down-reader"))
         .set("auto.offset.reset", "earliest")
         .create()
         .unwrap();
@@ -388,25 +364,17 @@ async fn one_partition(
     let topic = unique("ordered");
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic(&topic, 1, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
-    for (id, payload) in records {
-        let record = FutureRecord::to(&topic)
-            .key("one")
-            .payload(*payload)
-            .headers(
-                rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-                    key: outbox::kafka::ID_HEADER,
-                    value: Some(id.as_bytes()),
-                }),
-            );
-        producer
-            .send(record, Timeout::After(Duration::from_secs(10)))
-            .await
-            .unwrap();
-    }
+    let records: Vec<_> = records
+        .iter()
+        .map(|(id, payload)| {
+            (
+                "one".to_owned(),
+                Some((*id).to_owned()),
+                (*payload).to_owned(),
+            )
+        })
+        .collect();
+    kafka_produce(&cluster.bootstrap_servers(), &topic, &records).await;
     (cluster, topic)
 }
 
@@ -470,7 +438,7 @@ async fn kafka_a_partition_applies_in_offset_order_not_in_key_order() {
     let (cluster, topic) = one_partition(&[("e-3", "3"), ("e-2", "2"), ("e-1", "1")]).await;
     let pool = ledger().await;
     let consumer = KafkaConsumer::new(
-        member(&cluster.bootstrap_servers(), &unique("ordered-group")),
+        kafka_member(&cluster.bootstrap_servers(), &unique("ordered-group")),
         &[&topic],
         Inbox::new("ordered").unwrap(),
     )
@@ -488,7 +456,7 @@ async fn kafka_a_failed_message_holds_back_the_messages_after_it() {
         one_partition(&[("a", "a"), ("b", "fail-twice"), ("c", "c"), ("d", "d")]).await;
     let pool = ledger().await;
     let consumer = KafkaConsumer::new(
-        member(&cluster.bootstrap_servers(), &unique("held-group")),
+        kafka_member(&cluster.bootstrap_servers(), &unique("held-group")),
         &[&topic],
         Inbox::new("held").unwrap().max_attempts(5),
     )

@@ -66,6 +66,89 @@ fn kafka_admin(url: &str) -> rdkafka::admin::AdminClient<rdkafka::client::Defaul
 /// The partitions of a test's Kafka topic.
 pub const KAFKA_PARTITIONS: i32 = 6;
 
+/// A member of the consumer group `group` as the tests run one: a 6 s session and 500 ms
+/// heartbeats, so that a member killed or frozen hands its partitions over within seconds.
+pub fn kafka_member(url: &str, group: &str) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", url)
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    config
+}
+
+/// For each of `topic`'s first `partitions` partitions, `group`'s committed offset (0 when
+/// none) and the partition's end.
+pub async fn kafka_offsets(
+    url: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Vec<(i64, i64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let (config, topic) = (kafka_member(url, group), topic.to_owned());
+    // librdkafka's calls block their thread.
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create().unwrap();
+        let mut list = rdkafka::TopicPartitionList::new();
+        for partition in 0..partitions {
+            list.add_partition(&topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .unwrap();
+        (0..partitions)
+            .map(|partition| {
+                let committed = match committed
+                    .find_partition(&topic, partition)
+                    .unwrap()
+                    .offset()
+                {
+                    rdkafka::Offset::Offset(n) => n,
+                    _ => 0,
+                };
+                let (_, end) = consumer
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                    .unwrap();
+                (committed, end)
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Produces `(key, id, payload)` records to `topic`, in this order (a partition keeps
+/// them so), and waits for every acknowledgement; an id of `None` sends no
+/// `idem-message-id`. Not idempotent: the copies the tests need are sent on purpose.
+pub async fn kafka_produce(url: &str, topic: &str, records: &[(String, Option<String>, String)]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", url)
+        .set("enable.idempotence", "false")
+        .set("acks", "all")
+        // A retried request never overtakes the next one.
+        .set("max.in.flight.requests.per.connection", "1")
+        .create()
+        .unwrap();
+    // Each send enqueues its record when first polled: in this order.
+    let sends = records.iter().map(|(key, id, payload)| {
+        let mut record = FutureRecord::to(topic).key(key).payload(payload);
+        if let Some(id) = id {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: idem::outbox::kafka::ID_HEADER,
+                value: Some(id.as_bytes()),
+            }));
+        }
+        producer.send(record, Duration::from_secs(30))
+    });
+    for sent in futures_util::future::join_all(sends).await {
+        sent.unwrap();
+    }
+}
+
 /// A Kafka topic of the test's own (`{prefix}-…`), with [`KAFKA_PARTITIONS`] partitions.
 pub async fn kafka_topic(url: &str, prefix: &str) -> String {
     use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
