@@ -16,6 +16,21 @@ use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// `messages` messages `m-{i}` (payload `{i}`), message `i` sent `1 + i % copies` times
+/// in a row, keyed over `keys` Kafka keys: the records [`kafka_produce`] sends.
+fn copies(messages: i64, copies: i64, keys: i64) -> Vec<(String, Option<String>, String)> {
+    (0..messages)
+        .flat_map(|i| {
+            let record = (
+                format!("k{}", i % keys),
+                Some(format!("m-{i}")),
+                format!("{i}"),
+            );
+            std::iter::repeat_n(record, (1 + i % copies) as usize)
+        })
+        .collect()
+}
+
 /// Each partition's committed offset for `group`, and its end.
 async fn offsets(url: &str, group: &str, topic: &str) -> Vec<(i64, i64)> {
     kafka_offsets(url, group, topic, KAFKA_PARTITIONS).await
@@ -74,16 +89,7 @@ async fn effects(pool: &sqlx::SqlitePool) -> (i64, i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_copies_are_absorbed_and_offsets_follow_the_database() {
     with_kafka_topic("inbox", |url, name| async move {
-        let mut records = Vec::new();
-        for i in 0..60 {
-            for _ in 0..(1 + i % 3) {
-                records.push((
-                    format!("k{}", i % 10),
-                    Some(format!("m-{i}")),
-                    format!("{i}"),
-                ));
-            }
-        }
+        let records = copies(60, 3, 10);
         kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka").await;
         let group = unique("group");
@@ -244,16 +250,7 @@ async fn kafka_a_failed_round_reads_its_messages_again() {
 async fn kafka_a_rebalance_between_two_members_applies_each_message_once() {
     with_kafka_topic("inbox-rebalance", |url, name| async move {
         const MESSAGES: usize = 300;
-        let mut records = Vec::new();
-        for i in 0..MESSAGES {
-            for _ in 0..(1 + i % 2) {
-                records.push((
-                    format!("k{}", i % 30),
-                    Some(format!("m-{i}")),
-                    format!("{i}"),
-                ));
-            }
-        }
+        let records = copies(MESSAGES as i64, 2, 30);
         kafka_produce(&url, &name, &records).await;
         let pool = ledger("inbox-kafka-rebalance").await;
         let group = unique("group");
@@ -470,12 +467,7 @@ async fn kafka_members_killed_and_joining_apply_each_message_once() {
     };
     with_kafka_topic("inbox-members", |kafka, topic| async move {
             const MESSAGES: i64 = 1000;
-            let mut records = Vec::new();
-            for i in 0..MESSAGES {
-                for _ in 0..(1 + i % 3) {
-                    records.push((format!("k{}", i % 50), Some(format!("m-{i}")), format!("{i}")));
-                }
-            }
+            let records = copies(MESSAGES, 3, 50);
             kafka_produce(&kafka, &topic, &records).await;
             let group = unique("members");
             let spawn = |crash: Option<u64>| {
@@ -566,16 +558,7 @@ async fn kafka_a_member_frozen_past_its_session_commits_nothing_it_lost() {
     let _ = std::fs::remove_file(&release);
     with_kafka_topic("inbox-frozen", |kafka, topic| async move {
         const MESSAGES: i64 = 300;
-        let mut records = Vec::new();
-        for i in 0..MESSAGES {
-            for _ in 0..(1 + i % 2) {
-                records.push((
-                    format!("k{}", i % 30),
-                    Some(format!("m-{i}")),
-                    format!("{i}"),
-                ));
-            }
-        }
+        let records = copies(MESSAGES, 2, 30);
         kafka_produce(&kafka, &topic, &records).await;
         let group = unique("frozen");
         let spawn = |pause: Option<u64>| {
