@@ -474,3 +474,227 @@ async fn kafka_a_failed_message_holds_back_the_messages_after_it() {
     // succeeded.
     assert_eq!((status.as_str(), attempts), ("SUCCESS", 2));
 }
+
+/// A round whose handler adds each message's id to `applied`.
+async fn applying_round(
+    consumer: &KafkaConsumer,
+    pool: &sqlx::SqlitePool,
+) -> KafkaRound<(), sqlx::Error> {
+    consumer
+        .next(pool, |tx, record| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO applied (id) VALUES (?)")
+                    .bind(record.key().as_str())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+        .unwrap()
+}
+
+/// The ids applied so far, in the order applied (the table `applied`).
+async fn applied(pool: &sqlx::SqlitePool) -> Vec<String> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT id FROM applied ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// A message that came early (its handler says `not_yet`: it waits for what another
+/// message brings) holds back its partition's messages after it for more rounds than the
+/// inbox allows attempts, is never parked, and applies once unblocked, then the rest, in
+/// order. Between two tries its partition waits the consumer's retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_message_that_came_early_holds_back_its_partition_and_spends_no_attempt() {
+    use rdkafka::Message as _;
+    use std::sync::{Arc, Mutex};
+    let (cluster, topic) = one_partition(&[("a", "a"), ("b", "early"), ("c", "c")]).await;
+    let pool = ledger().await;
+    assert!(applied(&pool).await.is_empty());
+    let delay = Duration::from_millis(200);
+    let group = unique("early-group");
+    let consumer = KafkaConsumer::new(
+        kafka_member(&cluster.bootstrap_servers(), &group),
+        &[&topic],
+        Inbox::new("early").unwrap().max_attempts(2),
+    )
+    .unwrap()
+    .batch(10, Duration::from_millis(300))
+    .retry_delay(delay);
+    // The rounds that found "b" early, and when each first ran its handler.
+    let mut held = 0;
+    let tries: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while applied(&pool).await.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: {:?}",
+            applied(&pool).await
+        );
+        // Early for five rounds: more than the two attempts the inbox allows.
+        let unblocked = held >= 5;
+        let tries = tries.clone();
+        let round_number = held;
+        let round = consumer
+            .next(&pool, move |tx, record| {
+                let tries = tries.clone();
+                Box::pin(async move {
+                    if record.message().payload() == Some(b"early".as_slice()) {
+                        let mut tries = tries.lock().unwrap();
+                        if !tries.iter().any(|(round, _)| *round == round_number) {
+                            tries.push((round_number, Instant::now()));
+                        }
+                        drop(tries);
+                        if !unblocked {
+                            return Err(idem::inbox::not_yet("waiting for its payment".to_owned()));
+                        }
+                    }
+                    sqlx::query("INSERT INTO applied (id) VALUES (?)")
+                        .bind(record.key().as_str())
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+        let b_early = round
+            .settled
+            .iter()
+            .any(|(_, settled)| matches!(settled, Err(idem::Error::Handler(e)) if e.to_string().contains("payment")));
+        if b_early {
+            held += 1;
+            assert_eq!(
+                applied(&pool).await,
+                ["a"],
+                "a message ran before the one it waits behind"
+            );
+            let (status, attempts, error): (String, i64, Option<String>) = sqlx::query_as(
+                "SELECT status, attempts, error FROM idem_inbox WHERE message_key = 'b'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(
+                (status.as_str(), attempts),
+                ("FAILED", 0),
+                "an early message spends no attempt"
+            );
+            assert_eq!(
+                error.as_deref(),
+                Some("waiting for its payment"),
+                "its reason kept"
+            );
+            let c: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox WHERE message_key = 'c'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(c, 0, "the message after it is not recorded while it waits");
+        }
+    }
+    assert_eq!(applied(&pool).await, ["a", "b", "c"]);
+    assert_eq!(held, 5);
+    let (status, attempts): (String, i64) =
+        sqlx::query_as("SELECT status, attempts FROM idem_inbox WHERE message_key = 'b'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), attempts),
+        ("SUCCESS", 1),
+        "never parked, one attempt"
+    );
+    let tries = tries.lock().unwrap();
+    assert_eq!(tries.len(), 6);
+    for pair in tries.windows(2) {
+        let gap = pair[1].1 - pair[0].1;
+        assert!(
+            gap >= delay,
+            "read again after {gap:?}, before the retry delay"
+        );
+    }
+    assert_eq!(
+        kafka_offsets(&cluster.bootstrap_servers(), &group, &topic, 1).await,
+        [(3, 3)],
+        "committed to the end"
+    );
+}
+
+/// A message another delivery holds (a rebalance's overlap: the partition's old owner still
+/// working on it; here a leased claim) holds back its partition's messages after it: they
+/// are neither run nor recorded while it is held, and apply once it is settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_a_message_another_delivery_holds_holds_back_the_messages_after_it() {
+    let (cluster, topic) = one_partition(&[("a", "a"), ("b", "b"), ("c", "c")]).await;
+    let pool = ledger().await;
+    assert!(applied(&pool).await.is_empty());
+    let inbox = Inbox::new("held-elsewhere")
+        .unwrap()
+        .lease(Duration::from_secs(60));
+    let key = idem::inbox::MessageKey::message_id("b").unwrap();
+    let idem::inbox::Claimed::Work(lease) = inbox.claim::<_, ()>(&pool, &key, b"b").await.unwrap()
+    else {
+        panic!("the claim did not take the key");
+    };
+    let group = unique("held-elsewhere-group");
+    let consumer = KafkaConsumer::new(
+        kafka_member(&cluster.bootstrap_servers(), &group),
+        &[&topic],
+        inbox.clone(),
+    )
+    .unwrap()
+    .batch(10, Duration::from_millis(300))
+    .retry_delay(Duration::from_millis(100));
+    // Rounds while "b" is held: "a" applies, "b" is in progress, "c" waits behind it.
+    let mut in_progress = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_progress < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s, b was in progress {in_progress} times"
+        );
+        let round = applying_round(&consumer, &pool).await;
+        for (position, settled) in &round.settled {
+            if matches!(settled, Ok(Delivery::InProgress { .. })) {
+                assert_eq!(position.offset, 1, "{round:?}");
+                in_progress += 1;
+            }
+            assert_ne!(
+                position.offset, 2,
+                "the message after the held one was run: {round:?}"
+            );
+        }
+        assert_eq!(applied(&pool).await, ["a"]);
+        let c: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_inbox WHERE message_key = 'c'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(c, 0, "the message after the held one was recorded");
+    }
+    // The other delivery finishes: "b" is a duplicate now, and "c" applies.
+    let done = lease.complete(&pool, Ok::<_, String>(())).await.unwrap();
+    assert!(done.is_processed());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while applied(&pool).await.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: {:?}",
+            applied(&pool).await
+        );
+        applying_round(&consumer, &pool).await;
+    }
+    assert_eq!(applied(&pool).await, ["a", "c"]);
+    assert_eq!(
+        kafka_offsets(&cluster.bootstrap_servers(), &group, &topic, 1).await,
+        [(3, 3)],
+        "committed to the end"
+    );
+}

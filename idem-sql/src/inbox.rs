@@ -233,6 +233,16 @@ pub const BATCH_FAIL: &str = "UPDATE idem_inbox \
     SET status = $3, error = $4, result = NULL, lease_until = NULL, updated_at = COALESCE($5, {now}) \
     WHERE consumer_group = $1 AND message_key = $2";
 
+/// A message of a batch that came early (`idem::inbox::not_yet` in its
+/// handler), whose handler's effects were rolled back: its record goes back to FAILED with
+/// this attempt not counted (a record the batch made is left at 0 attempts), so that a
+/// redelivery tries it again and no wait for another message ever parks it. `$3` why (the
+/// handler's error), `$4` now (NULL: the database's).
+pub const BATCH_NOT_YET: &str = "UPDATE idem_inbox \
+    SET status = 'FAILED', attempts = attempts - 1, error = $3, result = NULL, lease_until = NULL, \
+    updated_at = COALESCE($4, {now}) \
+    WHERE consumer_group = $1 AND message_key = $2";
+
 /// The savepoint each handler of a batch runs in once a handler of the batch failed (every
 /// backend spells it so): a failing handler's effects roll back to it, the rest stay.
 pub const BATCH_SAVEPOINT: &str = "SAVEPOINT idem_batch";
@@ -284,6 +294,8 @@ pub struct InboxSql {
     pub batch_store: String,
     /// [`BATCH_FAIL`].
     pub batch_fail: String,
+    /// [`BATCH_NOT_YET`].
+    pub batch_not_yet: String,
 }
 
 impl InboxSql {
@@ -343,6 +355,7 @@ impl InboxSql {
             }
             .to_owned(),
             batch_fail: spell(BATCH_FAIL),
+            batch_not_yet: spell(BATCH_NOT_YET),
         }
     }
 }

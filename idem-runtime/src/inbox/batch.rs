@@ -21,7 +21,7 @@
 use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::stage::{reset_lock_timeout, set_lock_timeout};
-use super::{Delivery, Inbox, MessageKey, fingerprint};
+use super::{Delivery, Inbox, MessageKey, fingerprint, not_yet};
 use crate::backend::{Backend, Param, Record, is_conflict, is_lock_timeout};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
@@ -221,6 +221,17 @@ pub(crate) enum Finding {
     Ended(Ended),
     /// Another delivery is working on it (or its record vanished meanwhile): nack.
     Busy,
+}
+
+impl Finding {
+    /// Whether a lead found so is settled for good without running: not another
+    /// delivery's (busy, in progress) and not corrupt.
+    fn settles(&self) -> bool {
+        match self {
+            Finding::Run { .. } | Finding::Busy => false,
+            Finding::Ended(ended) => !matches!(ended, Ended::InProgress { .. } | Ended::Corrupt(_)),
+        }
+    }
 }
 
 /// What the batch's stage found: for each lead, what to do, and the record it read (for the
@@ -437,6 +448,9 @@ enum Ran<T, E> {
         attempts: i64,
         dead: bool,
     },
+    /// It came early ([`not_yet`](super::not_yet)): its effects rolled back, its attempt
+    /// not counted.
+    NotYet(Error<E>),
 }
 
 impl Inbox {
@@ -583,14 +597,19 @@ impl Inbox {
             let runs = folded.in_message_order();
             for (step, &n) in runs.iter().enumerate() {
                 let (lead, found) = (&folded.leads[n], &entries.found[n]);
+                // Whether a message that needs another delivery here holds back the
+                // messages after it (kept order, and messages after it to hold back).
+                let holds_back = order == Order::Kept && step + 1 < runs.len();
                 let Finding::Run { attempts, .. } = *found else {
+                    if holds_back && !found.settles() {
+                        // Another delivery holds it (a rebalance's overlap), or its record
+                        // is corrupt: the messages after it wait for it.
+                        cut = Some(lead.first + 1);
+                        break;
+                    }
                     ran[n] = Some(Ran::No);
                     continue;
                 };
-                // Whether a failure here holds back the messages after it (kept order, an
-                // attempt left, and messages after it to hold back).
-                let halts =
-                    order == Order::Kept && attempts < self.max_attempts && step + 1 < runs.len();
                 if savepoints {
                     DB::execute_script(&mut **work.transaction(), idem_sql::inbox::BATCH_SAVEPOINT)
                         .await?;
@@ -605,8 +624,14 @@ impl Inbox {
                 // A handler that panics fails its own message, as one that returns an
                 // error does: caught here, it is rolled back to its savepoint, counted and,
                 // after the last attempt, parked.
-                let result = held.run_unwound(handler(work.transaction(), message)).await;
-                let stored = match result {
+                let result = held
+                    .run_unwound(not_yet::watched(handler(work.transaction(), message)))
+                    .await;
+                let early = matches!(result, Ok((Err(_), true)));
+                // A failure holds back the messages after it while it has attempts left;
+                // a message that came early always has.
+                let halts = holds_back && (early || attempts < self.max_attempts);
+                let stored = match result.map(|(result, _)| result) {
                     Ok(Ok(value)) => (codec.encode)(&value)
                         .map_err(Error::Result)
                         .and_then(bounded)
@@ -653,6 +678,12 @@ impl Inbox {
                             Error::Panicked(message) => format!("the handler panicked: {message}"),
                             other => other.to_string(),
                         };
+                        if early {
+                            self.record_not_yet::<DB>(&mut **work.transaction(), &lead.key, &text)
+                                .await?;
+                            ran[n] = Some(Ran::NotYet(error));
+                            continue;
+                        }
                         let dead = attempts >= self.max_attempts;
                         self.record_failure::<DB>(
                             &mut **work.transaction(),
@@ -711,6 +742,25 @@ impl Inbox {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Records that a message of a batch came early ([`not_yet`](super::not_yet)), its
+    /// handler's effects just rolled back: FAILED, this attempt not counted.
+    async fn record_not_yet<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        key: &MessageKey,
+        why: &str,
+    ) -> Result<(), Error<Infallible>> {
+        let params = [
+            Param::Text(&self.group),
+            Param::Text(key.as_str()),
+            Param::Text(why),
+            self.at(),
+        ];
+        let not_yet = &DB::dialect(conn)?.inbox().batch_not_yet;
+        DB::execute(conn, not_yet, &params).await?;
+        Ok(())
     }
 
     /// Records a failed attempt of a message of a batch, whose handler's effects were just
@@ -780,6 +830,10 @@ impl Inbox {
                     } else {
                         (Err(error), Left::Failed)
                     }
+                }
+                (Finding::Run { .. }, Ran::NotYet(error)) => {
+                    self.counters.add(Counter::Refused, 1);
+                    (Err(error), Left::Failed)
                 }
                 // Not run: a batch that ended before its handlers.
                 (Finding::Run { .. }, Ran::No) | (Finding::Busy, _) => {

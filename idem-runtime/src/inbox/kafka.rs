@@ -239,6 +239,9 @@ impl ConsumerContext for Tracker {
                     .owned
                     .insert((element.topic().to_owned(), element.partition()), epoch);
             }
+            // A partition this member paused before it lost it starts unpaused if it comes
+            // back: read from its committed offset, nothing to wait for.
+            let _ = consumer.resume(partitions);
             // An eager assignment replaces the whole set: what it does not name is gone.
             if !matches!(
                 consumer.rebalance_protocol(),
@@ -303,6 +306,9 @@ pub struct KafkaConsumer {
     key: KeyFrom,
     max: usize,
     wait: Duration,
+    retry_delay: Duration,
+    /// The partitions paused until a message of theirs is read again, with when.
+    paused: Mutex<Vec<((String, i32), tokio::time::Instant)>>,
 }
 
 impl fmt::Debug for KafkaConsumer {
@@ -312,6 +318,7 @@ impl fmt::Debug for KafkaConsumer {
             .field("key", &self.key)
             .field("max", &self.max)
             .field("wait", &self.wait)
+            .field("retry_delay", &self.retry_delay)
             .finish_non_exhaustive()
     }
 }
@@ -356,6 +363,8 @@ impl KafkaConsumer {
             key: KeyFrom::Id,
             max: 100,
             wait: Duration::from_millis(100),
+            retry_delay: Duration::from_secs(1),
+            paused: Mutex::new(Vec::new()),
         })
     }
 
@@ -370,6 +379,16 @@ impl KafkaConsumer {
     pub fn batch(mut self, max: usize, wait: Duration) -> KafkaConsumer {
         self.max = max.max(1);
         self.wait = wait;
+        self
+    }
+
+    /// How long a partition waits before its message that needs another delivery is read
+    /// again (1 s by default): one whose handler failed with attempts left, one that came
+    /// early ([`not_yet`](super::not_yet)), one another delivery holds. The partition is
+    /// paused meanwhile (its messages after that one wait too: their order is kept); the
+    /// member's other partitions go on. Zero reads it again at once.
+    pub fn retry_delay(mut self, delay: Duration) -> KafkaConsumer {
+        self.retry_delay = delay;
         self
     }
 
@@ -551,6 +570,7 @@ impl KafkaConsumer {
                     self.seek(topic, partition, offset)
                         .await
                         .map_err(|e| (e.into(), offset))?;
+                    self.pause(topic, partition);
                 }
             } else {
                 round.lost.push((topic.to_owned(), partition));
@@ -591,7 +611,16 @@ impl KafkaConsumer {
     /// The messages of a round, each with its partition's epoch at its reading.
     async fn poll(&self) -> Result<Vec<(OwnedMessage, Option<u64>)>, KafkaError> {
         let first = loop {
-            match self.consumer.recv().await {
+            let resumed = self.resume_due();
+            let received = match resumed {
+                // A paused partition is due later: wait for a message until then.
+                Some(due) => match tokio::time::timeout_at(due, self.consumer.recv()).await {
+                    Ok(received) => received,
+                    Err(_) => continue,
+                },
+                None => self.consumer.recv().await,
+            };
+            match received {
                 Ok(message) => break message,
                 // librdkafka reports what it meets on the way (a broker down or not yet up,
                 // a topic not created yet) and reconnects by itself: nothing was polled,
@@ -621,6 +650,50 @@ impl KafkaConsumer {
             }
         }
         Ok(polled)
+    }
+
+    /// Pauses `partition` for the retry delay: its message to read again is not fetched
+    /// before then (it was just sought back to).
+    fn pause(&self, topic: &str, partition: i32) {
+        if self.retry_delay.is_zero() {
+            return;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, partition);
+        if let Err(e) = self.consumer.pause(&list) {
+            // Not paused (revoked meanwhile): read again at once, or by its next owner.
+            tracing::debug!(topic, partition, error = %e, "idem: a Kafka partition was not paused");
+            return;
+        }
+        let due = tokio::time::Instant::now() + self.retry_delay;
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        paused.retain(|(p, _)| p.0 != topic || p.1 != partition);
+        paused.push(((topic.to_owned(), partition), due));
+    }
+
+    /// Resumes the paused partitions whose delay is over; when the next one is due, if any
+    /// is still paused.
+    fn resume_due(&self) -> Option<tokio::time::Instant> {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        if paused.is_empty() {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        let mut list = TopicPartitionList::new();
+        paused.retain(|((topic, partition), due)| {
+            if *due > now {
+                return true;
+            }
+            list.add_partition(topic, *partition);
+            false
+        });
+        if list.count() > 0
+            && let Err(e) = self.consumer.resume(&list)
+        {
+            // Revoked meanwhile: its next owner reads it, unpaused.
+            tracing::debug!(error = %e, "idem: Kafka partitions were not resumed");
+        }
+        paused.iter().map(|(_, due)| *due).min()
     }
 
     fn read(&self, message: OwnedMessage) -> (OwnedMessage, Option<u64>) {

@@ -26,6 +26,7 @@ mod gather;
 pub mod kafka;
 mod key;
 mod leased;
+mod not_yet;
 pub mod partitions;
 pub(crate) mod record;
 mod retention;
@@ -38,6 +39,7 @@ pub use counters::InboxCounters;
 pub use delivery::Delivery;
 pub use gather::gather;
 pub use key::{AsMessageKey, MessageKey};
+pub use not_yet::not_yet;
 pub use stage::{ConsumerTransitionPlan, InboxPlan, InboxStage, Recorded};
 
 use crate::backend::{Backend, Opened, Param};
