@@ -24,6 +24,15 @@
 //! then parked (its record DEAD, keeping the error) and acknowledged; the other two are
 //! applied once, and nothing is left unacknowledged.
 //!
+//! **A message that came early.** A "ship" whose order is not paid yet, taken in batches
+//! (as the poison message) by an inbox allowing two attempts: its handler says
+//! `idem::inbox::not_yet`, so it is handed out again and again (JetStream's and RabbitMQ's
+//! nack, a Kafka partition held at it and read again after the consumer's retry delay)
+//! without spending an attempt — tried at least eight times, its record FAILED with zero
+//! attempts and the reason — and never parked. Once the payment is published (on Kafka on
+//! another partition: an early message holds back its own), the payment applies, then the
+//! ship, each once with one attempt, and nothing is left unacknowledged.
+//!
 //! **Per-key order through the relay.** Eight writers stage 25 messages each, one ordering
 //! key per writer, while two relays publish them (idem's publisher for the broker): every
 //! message reaches the destination, and a reader sees each key's messages in the order they
@@ -89,6 +98,14 @@ trait Broker: Sized {
 
     /// Publishes each `(key, payload)`, and waits for the broker's acknowledgements.
     async fn publish(&self, messages: &[(String, String)]);
+
+    /// Publishes each `(key, payload)` where it does not wait behind the ones before it:
+    /// as [`publish`](Self::publish), but on Kafka each on the next partition (a message
+    /// that came early holds back its partition, and must not hold back what it waits
+    /// for).
+    async fn publish_apart(&self, messages: &[(String, String)]) {
+        self.publish(messages).await;
+    }
 
     /// How many messages the destination holds (acknowledged ones included, where it keeps
     /// them).
@@ -276,6 +293,101 @@ async fn poison_message<B: Broker>(db: Db) {
     .await;
 }
 
+/// See the [module](self): a message that came early, left unacknowledged (and on Kafka
+/// holding its partition) for more deliveries than the inbox allows attempts, then applied
+/// once what it waits for came.
+async fn came_early<B: Broker>(db: Db) {
+    on_fresh::<B>(
+        "conformance-early",
+        Duration::from_secs(2),
+        async |broker| {
+            // An order of this run's own: the tries are counted per order, across tests.
+            static NEXT: std::sync::atomic::AtomicI64 =
+                std::sync::atomic::AtomicI64::new(1_000_000);
+            let order = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (ship, pay) = (format!("order:{order}:ship"), format!("order:{order}:paid"));
+            let inbox = Inbox::new("conformance-early").unwrap().max_attempts(2);
+            let (stop, stopped) = watch::channel(false);
+            let consumer = broker.batch_consumer(&db, &inbox, stopped).await;
+            broker
+                .publish_apart(&[(ship.clone(), format!(r#"{{"order":{order},"ship":true}}"#))])
+                .await;
+            // Tried again and again (each delivery's handler runs once or twice), and
+            // never parked: no attempt is spent waiting.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while early_tries(order) < 8 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: after 60 s, the early message was tried {} times",
+                    B::NAME,
+                    early_tries(order)
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let (status, attempts, error) = db.record(&ship).await.unwrap();
+            assert_eq!((status.as_str(), attempts), ("FAILED", 0), "{}", B::NAME);
+            assert_eq!(
+                error.as_deref(),
+                Some(format!("order {order} is not paid yet").as_str())
+            );
+            assert_eq!(db.effects().await, 0, "{}", B::NAME);
+            // What it waits for comes: the payment applies, then the early message.
+            broker
+                .publish_apart(&[(pay.clone(), format!(r#"{{"order":{order}}}"#))])
+                .await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let shipped = db
+                    .record(&ship)
+                    .await
+                    .is_some_and(|(status, ..)| status == "SUCCESS");
+                if shipped && db.effects().await == 2 && broker.nothing_waiting().await {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: after 60 s, the early message's record {:?}, {} effects",
+                    B::NAME,
+                    db.record(&ship).await,
+                    db.effects().await
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop.send(true).unwrap();
+            consumer.await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !broker.settled().await {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: a message was left unacknowledged",
+                    B::NAME
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(
+                db.record(&ship).await.map(|(s, a, _)| (s, a)),
+                Some(("SUCCESS".into(), 1)),
+                "{}",
+                B::NAME
+            );
+            assert_eq!(
+                db.record(&pay).await.map(|(s, a, _)| (s, a)),
+                Some(("SUCCESS".into(), 1)),
+                "{}",
+                B::NAME
+            );
+            assert_eq!(
+                db.effects().await,
+                2,
+                "{}: paid once, shipped once",
+                B::NAME
+            );
+            assert_eq!(db.distinct_effects().await, 1);
+        },
+    )
+    .await;
+}
+
 /// See the [module](self): per-key order through two relays.
 async fn relayed_in_order<B: Broker>(db: Db) {
     on_fresh::<B>(
@@ -371,27 +483,70 @@ fn firsts(read: impl IntoIterator<Item = String>) -> Vec<String> {
         .collect()
 }
 
-/// A batch whose handler writes each message's effect, and fails a message whose payload
-/// says `poison`.
+/// A message's effect in `effects`, in a handler's transaction `tx`: a payload that says
+/// `poison` fails; one that says `ship` is refused as not yet (`idem::inbox::not_yet`) until
+/// its order's payment is in, then ships; any other pays. The order's number.
+macro_rules! effect {
+    ($tx:expr, $key:expr, $payload:expr, $positional:expr) => {{
+        let order = brokers::order_of($key);
+        let payload: &[u8] = $payload;
+        let has = |word: &[u8]| payload.windows(word.len()).any(|w| w == word);
+        if has(b"poison") {
+            return Err(format!("poison: order {order} is refused"));
+        }
+        let kind = if has(b"ship") { "ship" } else { "pay" };
+        if kind == "ship" {
+            let paid: i64 = sqlx::query_scalar(crate::common::placed(
+                $positional,
+                "SELECT COUNT(*) FROM effects WHERE order_id = $1 AND kind = 'pay'",
+            ))
+            .bind(order)
+            .fetch_one(&mut **$tx)
+            .await
+            .map_err(|e| e.to_string())?;
+            if paid == 0 {
+                early_try(order);
+                return Err(idem::inbox::not_yet(format!(
+                    "order {order} is not paid yet"
+                )));
+            }
+        }
+        sqlx::query(crate::common::placed(
+            $positional,
+            "INSERT INTO effects (order_id, kind, amount) VALUES ($1, $2, 1)",
+        ))
+        .bind(order)
+        .bind(kind)
+        .execute(&mut **$tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        order
+    }};
+}
+
+/// How many times each order's "ship" was tried before its payment ([`effect!`]).
+static EARLY_TRIES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<i64, usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn early_try(order: i64) {
+    *EARLY_TRIES.lock().unwrap().entry(order).or_default() += 1;
+}
+
+fn early_tries(order: i64) -> usize {
+    EARLY_TRIES
+        .lock()
+        .unwrap()
+        .get(&order)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A batch whose handler writes each message's effect ([`effect!`]).
 macro_rules! poison_batch {
     ($pool:expr, $inbox:expr, $batch:expr, $positional:expr) => {
         $inbox
             .batch($pool, $batch, |tx, (key, payload)| {
-                Box::pin(async move {
-                    let order = brokers::order_of(key);
-                    if payload.windows(6).any(|w| w == b"poison") {
-                        return Err(format!("poison: order {order} is refused"));
-                    }
-                    sqlx::query(crate::common::placed(
-                        $positional,
-                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
-                    ))
-                    .bind(order)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    Ok(order)
-                })
+                Box::pin(async move { Ok(effect!(tx, key, payload, $positional)) })
             })
             .await
             .unwrap()
@@ -758,6 +913,8 @@ struct Kafka {
     url: String,
     topic: String,
     group: String,
+    /// The partition of the next message published apart ([`Broker::publish_apart`]).
+    apart: std::sync::atomic::AtomicI32,
 }
 
 impl Kafka {
@@ -771,27 +928,16 @@ impl Kafka {
     }
 }
 
-/// One round of a member, each message's effect a row in `effects`, after `pause` in its
-/// handler; a message whose payload says `poison` fails.
+/// One round of a member, each message's effect a row in `effects` ([`effect!`]), after
+/// `pause` in its handler.
 macro_rules! kafka_round {
     ($consumer:expr, $pool:expr, $positional:expr, $pause:expr) => {
         $consumer
             .next($pool, |tx, record| {
                 Box::pin(async move {
                     use rdkafka::Message as _;
-                    let order = brokers::order_of(record.key());
                     let payload = record.message().payload().unwrap_or_default();
-                    if payload.windows(6).any(|w| w == b"poison") {
-                        return Err(format!("poison: order {order} is refused"));
-                    }
-                    sqlx::query(crate::common::placed(
-                        $positional,
-                        "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'pay', 1)",
-                    ))
-                    .bind(order)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    let order = effect!(tx, record.key(), payload, $positional);
                     if let Pause::Forever(point) = $pause {
                         crate::child::report(&format!("crash-point {point}"));
                         std::future::pending::<()>().await;
@@ -829,7 +975,12 @@ impl Broker for Kafka {
         let url = brokers::kafka_url()?;
         let topic = kafka_topic(&url, prefix).await;
         let group = unique("conformance-group");
-        Some(Kafka { url, topic, group })
+        Some(Kafka {
+            url,
+            topic,
+            group,
+            apart: Default::default(),
+        })
     }
 
     fn child_env(&self) -> Vec<(&'static str, String)> {
@@ -846,6 +997,34 @@ impl Broker for Kafka {
             .map(|(key, payload)| (key.clone(), Some(key.clone()), payload.clone()))
             .collect();
         brokers::kafka_produce(&self.url, &self.topic, &records).await;
+    }
+
+    async fn publish_apart(&self, messages: &[(String, String)]) {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.url)
+            .set("acks", "all")
+            .create()
+            .unwrap();
+        for (key, payload) in messages {
+            let partition = self
+                .apart
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let headers = OwnedHeaders::new().insert(Header {
+                key: idem::outbox::kafka::ID_HEADER,
+                value: Some(key.as_bytes()),
+            });
+            let record = FutureRecord::to(&self.topic)
+                .key(key)
+                .payload(payload)
+                .headers(headers)
+                .partition(partition % KAFKA_PARTITIONS);
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
     }
 
     async fn held(&self) -> u64 {
@@ -950,7 +1129,8 @@ impl Broker for Kafka {
     ) -> tokio::task::JoinHandle<()> {
         let member = KafkaConsumer::new(self.member(), &[&self.topic], inbox.clone())
             .unwrap()
-            .batch(10, Duration::from_millis(50));
+            .batch(10, Duration::from_millis(50))
+            .retry_delay(Duration::from_millis(200));
         let db = db.clone();
         tokio::spawn(async move {
             loop {
@@ -1223,6 +1403,14 @@ async fn poison<B: Broker>(backend: &str) {
     poison_message::<B>(db).await;
 }
 
+async fn early<B: Broker>(backend: &str) {
+    let name = format!("conformance_early_{}_{backend}", B::NAME.to_lowercase());
+    let Some(db) = database(backend, &name).await else {
+        return;
+    };
+    came_early::<B>(db).await;
+}
+
 async fn killed<B: Broker>(backend: &str, crash_point: &'static str) {
     let name = format!(
         "conformance_killed_{}_{backend}_{crash_point}",
@@ -1297,6 +1485,21 @@ macro_rules! runs {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_poison_message_is_parked_and_the_others_applied_mysql() {
                 poison::<$broker>("mysql").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_that_came_early_waits_unacked_then_applies_postgres() {
+                early::<$broker>("postgres").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_that_came_early_waits_unacked_then_applies_sqlite() {
+                early::<$broker>("sqlite").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_that_came_early_waits_unacked_then_applies_mysql() {
+                early::<$broker>("mysql").await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
