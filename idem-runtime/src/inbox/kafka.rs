@@ -17,11 +17,15 @@
 //!   refuses for a fenced generation (`UNKNOWN_MEMBER_ID`, `ILLEGAL_GENERATION`,
 //!   `REBALANCE_IN_PROGRESS`) means someone else has it now, never a loss;
 //! - **a partition's messages apply in their order**: the handlers run in offset order, and
-//!   a message whose handler fails holds back the partition's messages after it (they are
-//!   not run, not recorded). Its partition's offset is committed up to it and the member
-//!   seeks back to it, so it is read again, then the ones after it. After the inbox's
-//!   [`max_attempts`](Inbox::max_attempts) it is parked ([`Delivery::Dead`], its record
-//!   keeping the last error) and the partition moves on.
+//!   a message that needs another delivery — its handler failed, it came early
+//!   ([`not_yet`](super::not_yet)), another delivery holds it (a rebalance's overlap) —
+//!   holds back the partition's messages after it (they are not run, not recorded). Its
+//!   partition's offset is committed up to it, the member seeks back to it and pauses the
+//!   partition for the [`retry_delay`](KafkaConsumer::retry_delay), so it is read again,
+//!   then the ones after it. A failed one is parked after the inbox's
+//!   [`max_attempts`](Inbox::max_attempts) ([`Delivery::Dead`], its record keeping the last
+//!   error) and the partition moves on; an early one spends no attempt and waits for what
+//!   it waits for.
 //!
 //! Auto-commit is refused: a background commit of what was polled, before the database
 //! committed it, loses messages on a crash.
@@ -409,7 +413,8 @@ impl KafkaConsumer {
     /// One round: waits for a message, takes what comes within the batch's wait (at most its
     /// size), runs each partition's messages as one [`Inbox::batch`] with `handler`, then
     /// commits each partition's next offset, or seeks back to its first message that needs
-    /// another delivery. An `Err` is a failure of the database or of Kafka: the partitions
+    /// another delivery and pauses that partition for the
+    /// [`retry_delay`](Self::retry_delay). An `Err` is a failure of the database or of Kafka: the partitions
     /// the round did not commit are read again from their first message (sought back), and
     /// what the database committed of them is absorbed.
     ///
