@@ -612,7 +612,7 @@ async fn kafka_a_message_that_came_early_holds_back_its_partition_and_spends_no_
         ("SUCCESS", 1),
         "never parked, one attempt"
     );
-    let tries = tries.lock().unwrap();
+    let tries = tries.lock().unwrap().clone();
     assert_eq!(tries.len(), 6);
     for pair in tries.windows(2) {
         let gap = pair[1].1 - pair[0].1;
