@@ -22,7 +22,9 @@ use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::stage::{reset_lock_timeout, set_lock_timeout};
 use super::{Delivery, Inbox, MessageKey, fingerprint, not_yet};
-use crate::backend::{Backend, Param, Record, is_conflict, is_lock_timeout};
+use crate::backend::{
+    Backend, Param, Record, insert_unless_taken, is_conflict, is_lock_timeout,
+};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
@@ -125,6 +127,13 @@ struct Folded {
 }
 
 impl Folded {
+    /// Whether the batch's records carry its mark ([`MARK`]): a batch of one key records it
+    /// with the single delivery's insert, which tells by itself whether it made the record,
+    /// so its record needs no mark, and a result of `null` no statement.
+    fn marks(&self) -> bool {
+        self.leads.len() > 1
+    }
+
     /// The leads' positions in the order of their first delivery.
     fn in_message_order(&self) -> Vec<usize> {
         let mut runs: Vec<usize> = (0..self.leads.len()).collect();
@@ -374,7 +383,22 @@ impl BatchPlan<'_> {
             Param::Text(&self.folded.json),
             inbox.at(),
         ];
-        let inserted = DB::execute(conn, &sql.batch_insert, &params).await?;
+        let inserted = match leads.as_slice() {
+            // One key: the single delivery's insert, no JSON to plan, no mark to clear.
+            [lead] if !self.folded.marks() => {
+                let dialect = DB::dialect(conn)?;
+                let one = [
+                    Param::Text(&inbox.group),
+                    Param::Text(lead.key.as_str()),
+                    Param::Text(&lead.fingerprint),
+                    Param::Text(record::SUCCESS),
+                    Param::Null,
+                    inbox.at(),
+                ];
+                insert_unless_taken::<DB>(conn, dialect, &sql.insert, &one).await?
+            }
+            _ => DB::execute(conn, &sql.batch_insert, &params).await?,
+        };
         let fresh = Finding::Run {
             attempts: 1,
             takeover: false,
@@ -730,6 +754,8 @@ impl Inbox {
                     }),
                     _ => None,
                 })
+                // A record without the mark needs a statement only for a result.
+                .filter(|result| folded.marks() || result.r.is_some())
                 .collect();
             work.kept()
                 .stored
