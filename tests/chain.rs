@@ -1,12 +1,13 @@
-//! The coupon chain of `examples/chain.rs` and `examples/chain_kafka.rs` as processes, each
+//! The coupon chain of `examples/chain.rs`, `examples/chain_kafka.rs` and
+//! `examples/chain_rabbitmq.rs` as processes, each
 //! killed with SIGKILL at its worst moment, on a SQLite file, PostgreSQL and MariaDB, over
-//! NATS JetStream and over Kafka:
+//! NATS JetStream, Kafka and RabbitMQ:
 //!
 //! - the API after a commit and before its response (the 300th);
 //! - a relay after publishing a batch and before marking it (its third batch), and another
 //!   in the middle of a batch (after its 100th acknowledgement);
-//! - the consumer after its commit and before its acknowledgement (JetStream: the 200th
-//!   message) or its offset commit (Kafka: the 20th batch, whose partitions the group hands
+//! - the consumer after its commit and before its acknowledgement (JetStream and RabbitMQ:
+//!   the 200th message) or its offset commit (Kafka: the 20th batch, whose partitions the group hands
 //!   to the other members once the killed one's session times out);
 //!
 //! while every hop repeats: clients send each payment one to three times and retry every
@@ -15,10 +16,15 @@
 //! is its shortest (100 ms, so re-publishes reach the consumer), and the first delivery of
 //! every tenth order is nacked after its commit. On Kafka, the topic has six partitions, the
 //! group three members (one killed, two more), the producer is idempotent (which does not
-//! stop a relay's re-publish: a new send, under the same idem id). At the end: exactly one
-//! coupon per order, no order without its coupon, every message published and consumed.
+//! stop a relay's re-publish: a new send, under the same idem id). On RabbitMQ, the relay
+//! publishes to a fanout exchange with confirms, to the consumers' queue and to a queue
+//! nobody consumes (which counts every copy), and the first delivery of every tenth order
+//! is nacked after its commit. At the end: exactly one coupon per order, no order without
+//! its coupon, every message published and consumed.
 
-use crate::brokers::{KAFKA_PARTITIONS, kafka_offsets, kafka_topic, kafka_url, nats_url, unique};
+use crate::brokers::{
+    KAFKA_PARTITIONS, amqp_url, kafka_offsets, kafka_topic, kafka_url, nats_url, unique,
+};
 use crate::child::{self, ChildProcess, report};
 use crate::common;
 
@@ -28,6 +34,8 @@ mod app;
 mod kafka;
 #[path = "../examples/chain/nats.rs"]
 mod nats;
+#[path = "../examples/chain/rabbitmq.rs"]
+mod rabbitmq;
 
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, stream};
@@ -139,13 +147,15 @@ async fn pay(addr: SocketAddr, order: i64, key: &str) {
 enum Broker {
     Nats(String),
     Kafka(String),
+    Rabbit(String),
 }
 
 impl Broker {
-    /// The broker of `name` (`nats`, `kafka`), or `None` without its server.
+    /// The broker of `name` (`nats`, `kafka`, `rabbitmq`), or `None` without its server.
     fn of(name: &str) -> Option<Broker> {
         match name {
             "nats" => nats_url().map(Broker::Nats),
+            "rabbitmq" => amqp_url().map(Broker::Rabbit),
             _ => kafka_url().map(Broker::Kafka),
         }
     }
@@ -154,7 +164,20 @@ impl Broker {
         match self {
             Broker::Nats(_) => "nats",
             Broker::Kafka(_) => "kafka",
+            Broker::Rabbit(_) => "rabbitmq",
         }
+    }
+
+    async fn amqp(url: &str) -> lapin::Connection {
+        lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap()
+    }
+
+    /// The queue bound to the chain's exchange that nobody consumes: every message
+    /// published stays in it, to be counted.
+    fn tap(name: &str) -> String {
+        format!("{name}.all")
     }
 
     async fn jetstream(url: &str) -> jetstream::Context {
@@ -191,6 +214,15 @@ impl Broker {
                 name
             }
             Broker::Kafka(url) => kafka_topic(url, "chain").await,
+            Broker::Rabbit(url) => {
+                let name = unique("chain");
+                let channel = Broker::amqp(url).await.create_channel().await.unwrap();
+                rabbitmq::declare(&channel, &name).await.unwrap();
+                rabbitmq::bind_queue(&channel, &name, &Broker::tap(&name))
+                    .await
+                    .unwrap();
+                name
+            }
         }
     }
 
@@ -198,7 +230,8 @@ impl Broker {
     fn subject(&self, name: &str) -> String {
         match self {
             Broker::Nats(_) => format!("{name}.coupon.grant"),
-            Broker::Kafka(_) => name.to_owned(),
+            // A topic; RabbitMQ's exchange.
+            Broker::Kafka(_) | Broker::Rabbit(_) => name.to_owned(),
         }
     }
 
@@ -225,6 +258,14 @@ impl Broker {
                     .all(|(committed, end)| committed == end)
                     .then(|| offsets.iter().map(|(_, end)| *end as u64).sum())
             }
+            Broker::Rabbit(url) => {
+                let connection = Broker::amqp(url).await;
+                let channel = connection.create_channel().await.unwrap();
+                let (waiting, _) = crate::rabbitmq::queue_state(&channel, name).await;
+                let (held, _) = crate::rabbitmq::queue_state(&channel, &Broker::tap(name)).await;
+                let _ = connection.close(200, "done".into()).await;
+                (waiting == 0).then_some(u64::from(held))
+            }
         }
     }
 
@@ -242,8 +283,9 @@ impl Broker {
                     .unwrap();
                 Some(consumer.info().await.unwrap().delivered.consumer_sequence)
             }
-            // Kafka counts no deliveries; a group reads from offsets.
-            Broker::Kafka(_) => None,
+            // Kafka counts no deliveries (a group reads from offsets); RabbitMQ tells no
+            // client how many it made.
+            Broker::Kafka(_) | Broker::Rabbit(_) => None,
         }
     }
 
@@ -262,6 +304,16 @@ impl Broker {
                     .delete_topics(&[name], &rdkafka::admin::AdminOptions::new())
                     .await;
             }
+            Broker::Rabbit(url) => {
+                let connection = Broker::amqp(url).await;
+                let channel = connection.create_channel().await.unwrap();
+                crate::rabbitmq::delete_queue(&channel, name).await;
+                crate::rabbitmq::delete_queue(&channel, &Broker::tap(name)).await;
+                let _ = channel
+                    .exchange_delete(name.into(), Default::default())
+                    .await;
+                let _ = connection.close(200, "done".into()).await;
+            }
         }
     }
 
@@ -269,7 +321,7 @@ impl Broker {
     fn consumer_crash(&self) -> (FaultPoint, u64) {
         match self {
             // One message per commit.
-            Broker::Nats(_) => (FaultPoint::Committed, 200),
+            Broker::Nats(_) | Broker::Rabbit(_) => (FaultPoint::Committed, 200),
             // A batch per partition and round.
             Broker::Kafka(_) => (FaultPoint::Committed, 20),
         }
@@ -416,6 +468,21 @@ async fn the_chain_over_kafka_grants_one_coupon_per_order_on_mysql() {
     chain("kafka", "mysql").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_rabbitmq_grants_one_coupon_per_order_on_sqlite() {
+    chain("rabbitmq", "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_rabbitmq_grants_one_coupon_per_order_on_postgres() {
+    chain("rabbitmq", "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_over_rabbitmq_grants_one_coupon_per_order_on_mysql() {
+    chain("rabbitmq", "mysql").await;
+}
+
 /// One role of the chain, run by [`chain`] as a child process.
 #[test]
 #[ignore = "the child process of the chain tests, which run it"]
@@ -453,6 +520,19 @@ fn chain_child() {
                 let relay = app::relay(pool, idem::outbox::nats::JetStream::new(js));
                 report("ready");
                 relay.run(std::future::pending()).await;
+            }
+            ("relay", Broker::Rabbit(url)) => {
+                let publisher = idem::outbox::rabbitmq::Rabbit::connect(url).await.unwrap();
+                let relay = app::relay(pool, publisher);
+                report("ready");
+                relay.run(std::future::pending()).await;
+            }
+            (_, Broker::Rabbit(url)) => {
+                let connection = Broker::amqp(url).await;
+                report("ready");
+                rabbitmq::consume(pool, &connection, &stream, true)
+                    .await
+                    .unwrap();
             }
             ("relay", Broker::Kafka(url)) => {
                 let relay = app::relay(pool, idem::outbox::kafka::Kafka::connect(url).unwrap());

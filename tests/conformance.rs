@@ -6,7 +6,7 @@
 //! What only one broker has stays in its own file: JetStream's ack wait and `Nats-Msg-Id`
 //! window (`nats.rs`), RabbitMQ's requeue on a dead connection and its confirms
 //! (`rabbitmq.rs`), Kafka's rebalances, fenced commits and sessions (`inbox_kafka.rs`,
-//! `kafka_faults.rs`). The coupon chain runs over JetStream and Kafka in `chain.rs`.
+//! `kafka_faults.rs`). The coupon chain runs over JetStream, Kafka and RabbitMQ in `chain.rs`.
 //!
 //! **Retried messages.** A producer that retried: each of 1,000 messages published one to
 //! three times under the same key and content, shuffled; the broker keeps every copy (about

@@ -7,7 +7,7 @@
 
 use super::app::{GrantCoupon, Order};
 use idem::Outcome;
-use idem::inbox::Inbox;
+use idem::inbox::{Inbox, not_yet};
 use idem::inbox::kafka::KafkaConsumer;
 use rdkafka::Message as _;
 use std::time::Duration;
@@ -50,6 +50,11 @@ pub async fn consume(
                     {
                         // Rewarded now, or already (a copy under another id): done either way.
                         Outcome::Applied(()) | Outcome::AlreadyDone { .. } => Ok(()),
+                        // Not paid yet (it cannot be here: the payment stages the grant):
+                        // read again later, no attempt spent, the partition held at it.
+                        Outcome::NotYet { current, .. } => Err(not_yet(format!(
+                            "order {order_id} is {current:?}, not paid yet"
+                        ))),
                         // Failed: read again, parked after the inbox's attempts.
                         other => Err(format!("order {order_id} cannot be rewarded: {other:?}")),
                     }

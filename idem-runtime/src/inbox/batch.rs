@@ -22,9 +22,7 @@ use super::counters::Counter;
 use super::record::{self, Ended, Found, Stored};
 use super::stage::{reset_lock_timeout, set_lock_timeout};
 use super::{Delivery, Inbox, MessageKey, fingerprint, not_yet};
-use crate::backend::{
-    Backend, Param, Record, insert_unless_taken, is_conflict, is_lock_timeout,
-};
+use crate::backend::{Backend, Param, Record, insert_unless_taken, is_conflict, is_lock_timeout};
 use crate::error::Error;
 use crate::fault::{FaultPoint, reached};
 use crate::work::observe::Labels;
