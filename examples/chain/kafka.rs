@@ -7,8 +7,8 @@
 
 use super::app::{GrantCoupon, Order};
 use idem::Outcome;
-use idem::inbox::{Inbox, not_yet};
 use idem::inbox::kafka::KafkaConsumer;
+use idem::inbox::{Inbox, not_yet};
 use rdkafka::Message as _;
 use std::time::Duration;
 
