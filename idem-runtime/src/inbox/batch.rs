@@ -503,7 +503,7 @@ impl Inbox {
     ///   that panics fails the same way: the panic is caught, its message's attempt
     ///   recorded (the error's text says it panicked, and with what), its answer
     ///   `Err(Error::Panicked(message))`, and the rest of the batch commits.
-    /// - A handler whose error is marked [`not_yet`](super::not_yet) (the message came
+    /// - A handler whose error is marked [`not_yet`] (the message came
     ///   early: it waits for another) fails the same way, but spends no attempt: its record
     ///   stays FAILED with the error's text and is never parked for it; nack it with a
     ///   delay.
