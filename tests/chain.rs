@@ -47,7 +47,7 @@ const ORDERS: i64 = 1000;
 const CHILD: &str = "chain::chain_child";
 
 /// The Any URL of a fresh database for the chain, or `None` without its server.
-async fn database(backend: &str) -> Option<String> {
+pub(crate) async fn database(backend: &str) -> Option<String> {
     let name = format!("chain_{backend}_{}", common::next_id());
     match backend {
         "sqlite" => {
@@ -66,7 +66,7 @@ async fn database(backend: &str) -> Option<String> {
     }
 }
 
-async fn any_pool(url: &str, connections: u32) -> sqlx::AnyPool {
+pub(crate) async fn any_pool(url: &str, connections: u32) -> sqlx::AnyPool {
     sqlx::any::install_default_drivers();
     sqlx::any::AnyPoolOptions::new()
         .max_connections(connections)

@@ -35,12 +35,14 @@ use std::sync::LazyLock;
 
 /// Stages a message; does nothing if a message with its id is in the outbox already.
 /// `$1` id, `$2` ordering key, `$3` destination, `$4` routing key, `$5` payload (bytes),
-/// `$6` headers (a JSON array of `[name, value]` pairs).
+/// `$6` headers (a JSON array of `[name, value]` pairs), `$7` when it is due (milliseconds
+/// since the epoch: `Message::deliver_at`) or NULL, `$8` a delay from now in milliseconds
+/// (0 unless delayed: `deliver_after`); due now unless delayed, by the database's clock.
 /// Held ([`HELD`]) if its key's head is dead or held (read in the same statement:
 /// [`HELD_IF_HEAD_IS`]); `WHERE 1 = 1` keeps SQLite from reading `ON CONFLICT` as a join's.
 pub const INSERT: &str = "INSERT INTO idem_outbox \
     (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at, dead_at) \
-    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, {now}, {held} WHERE 1 = 1 \
+    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, COALESCE($7, {now} + $8), {held} WHERE 1 = 1 \
     ON CONFLICT (id) DO NOTHING";
 
 /// [`INSERT`] on PostgreSQL, which also notifies the channel `idem_outbox` in the same
@@ -48,7 +50,7 @@ pub const INSERT: &str = "INSERT INTO idem_outbox \
 /// up at once. Returns `staged`, the rows inserted.
 pub const INSERT_NOTIFYING: &str = "WITH staged AS (INSERT INTO idem_outbox \
     (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at, dead_at) \
-    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, {now}, {held} \
+    SELECT $1, $2, $3, $4, $5, $6, {now}, 0, COALESCE($7, {now} + $8), {held} \
     ON CONFLICT (id) DO NOTHING RETURNING seq) \
     SELECT COUNT(*) AS staged FROM (SELECT pg_notify('idem_outbox', '') FROM staged) AS notified";
 
@@ -61,7 +63,7 @@ pub const INSERT_NOTIFYING: &str = "WITH staged AS (INSERT INTO idem_outbox \
 /// throughput). MySQL's relays hold instead, before each claim ([`CANDIDATES`]).
 pub const INSERT_MYSQL: &str = "INSERT INTO idem_outbox \
     (id, ordering_key, destination, routing_key, payload, headers, created_at, attempts, next_attempt_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, {now})";
+    VALUES ($1, $2, $3, $4, $5, $6, {now}, 0, COALESCE($7, {now} + $8))";
 
 /// What `dead_at` holds for a message held behind its key's dead head: not a time (no
 /// message dies at the epoch), and not dead itself. Any other value is dead (`dead_at <>
@@ -137,7 +139,10 @@ const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload,
     attempts, created_at, {now} AS now";
 
 /// The heads that are due: pending, not dead, their next attempt reached, and no
-/// unpublished message of their key before them. On SQLite and MySQL both reads name their
+/// unpublished message of their key before them, leaving out a delayed one not due yet
+/// (never attempted, due later): a delayed message takes its place in its key's order when
+/// it is due, and holds back nothing until then. A message that failed holds its key's
+/// later messages back through its backoff. On SQLite and MySQL both reads name their
 /// index (`INDEXED BY`, `FORCE INDEX`): with the statistics of `ANALYZE` taken behind a dead
 /// head, SQLite would rather walk the table in `seq` order and look for a predecessor along
 /// the primary key, through every held message (measured: 34× an empty outbox's claim with
@@ -146,7 +151,8 @@ const CLAIMED: &str = "seq, id, ordering_key, destination, routing_key, payload,
 const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
     AND o.next_attempt_at <= {now} \
     AND NOT EXISTS (SELECT 1 FROM idem_outbox p {indexed_pending} \
-        WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL)";
+        WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL \
+        AND (p.attempts > 0 OR p.next_attempt_at <= {now}))";
 
 /// The `seq`s of at most `$1` due heads, oldest first, read without locking, in autocommit
 /// before the claiming transaction (MySQL, whose claim then locks each one by its primary
@@ -231,6 +237,13 @@ pub const FAILED: &str = "UPDATE idem_outbox \
     SET dead_at = CASE WHEN attempts + 1 >= $4 THEN {now} ELSE NULL END, \
     attempts = attempts + 1, last_error = $2, next_attempt_at = {now} + $3, claimed_until = NULL \
     WHERE seq = $1 AND published_at IS NULL";
+
+/// Cancels a staged message (`$1` id) not published yet and not being published (a relay
+/// that claimed it holds its row on PostgreSQL and MySQL, so this waits for it and then
+/// finds it published; on SQLite its claim is a lease, which this passes over), in the
+/// caller's transaction: the rows deleted.
+pub const CANCEL: &str = "DELETE FROM idem_outbox WHERE id = $1 AND published_at IS NULL \
+    AND (claimed_until IS NULL OR claimed_until <= {now})";
 
 /// Puts a dead message (`$1` id) back, as new: attempts from 0, due now.
 pub const REQUEUE: &str = "UPDATE idem_outbox \
@@ -317,6 +330,8 @@ pub struct OutboxSql {
     pub requeue: String,
     /// [`DISCARD`].
     pub discard: String,
+    /// [`CANCEL`].
+    pub cancel: String,
     /// [`DEAD`].
     pub dead: String,
     /// [`BACKLOG`].
@@ -405,6 +420,7 @@ impl OutboxSql {
             failed: spell(FAILED),
             requeue: spell(REQUEUE),
             discard: DISCARD.to_owned(),
+            cancel: spell(CANCEL),
             dead: DEAD.to_owned(),
             backlog: spell(BACKLOG),
             purge: spell(match dialect {

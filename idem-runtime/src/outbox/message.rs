@@ -69,6 +69,19 @@ impl From<String> for Destination {
     }
 }
 
+/// The longest delay [`Message::deliver_after`] takes: 100 years, in milliseconds (the
+/// database adds it to its now, in a 64-bit integer).
+const MAX_DELAY_MILLIS: i64 = 100 * 366 * 24 * 3600 * 1000;
+
+/// When a delayed message is due ([`Message::deliver_at`], [`Message::deliver_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// At this time, milliseconds since the epoch.
+    At(i64),
+    /// This many milliseconds after the staging statement's now.
+    After(i64),
+}
+
 /// A message to stage with [`stage`](super::stage): built with [`Message::json`] or
 /// [`Message::bytes`], then given headers, an ordering key or an id of its own.
 ///
@@ -90,6 +103,8 @@ pub struct Message {
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) ordering_key: Option<String>,
     pub(crate) id: Option<String>,
+    /// When it is due, if delayed.
+    pub(crate) due: Option<Due>,
     /// A problem found while building it, reported when it is staged.
     pub(crate) invalid: Option<String>,
 }
@@ -102,6 +117,7 @@ impl fmt::Debug for Message {
             .field("headers", &self.headers)
             .field("ordering_key", &self.ordering_key)
             .field("id", &self.id)
+            .field("due", &self.due)
             .finish_non_exhaustive()
     }
 }
@@ -134,6 +150,7 @@ impl Message {
             headers: Vec::new(),
             ordering_key: None,
             id: None,
+            due: None,
             invalid: None,
         }
     }
@@ -164,6 +181,50 @@ impl Message {
         self
     }
 
+    /// Publishes it at `at` (by the database's clock, not this machine's), not before: a
+    /// timeout ("cancel the order if still unpaid at …"), a reminder. An instant already
+    /// past is due at once. Until it is due it holds back nothing: the messages staged after
+    /// it under its ordering key go on, and it takes its place in its key's order when it
+    /// is due (a message that failed holds its key back through its retries, as ever). The
+    /// relay publishes it at its first claim after that instant (its poll interval, or a
+    /// notification, later). Cancel it before then with [`cancel`](super::cancel).
+    ///
+    /// ```
+    /// use idem::outbox::Message;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let reminder = Message::json("orders.reminder", &7)
+    ///     .deliver_at(SystemTime::now() + Duration::from_secs(24 * 3600));
+    /// # let _ = reminder;
+    /// ```
+    pub fn deliver_at(mut self, at: std::time::SystemTime) -> Message {
+        let millis = match at.duration_since(std::time::UNIX_EPOCH) {
+            Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+            // Before the epoch: past, due at once.
+            Err(_) => 0,
+        };
+        self.due = Some(Due::At(millis));
+        self
+    }
+
+    /// Publishes it `delay` after it is staged, by the database's clock (the staging
+    /// statement's now plus `delay`): see [`deliver_at`](Self::deliver_at). A delay over
+    /// 100 years is refused when it is staged.
+    ///
+    /// ```
+    /// use idem::outbox::Message;
+    /// use std::time::Duration;
+    ///
+    /// // Staged with the order's creation: the order is cancelled if still unpaid then.
+    /// let timeout = Message::json("order.timeout", &7).deliver_after(Duration::from_secs(30 * 60));
+    /// # let _ = timeout;
+    /// ```
+    pub fn deliver_after(mut self, delay: std::time::Duration) -> Message {
+        let millis = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        self.due = Some(Due::After(millis));
+        self
+    }
+
     /// Where it goes.
     pub fn destination(&self) -> &Destination {
         &self.destination
@@ -179,6 +240,13 @@ impl Message {
         let invalid = |problem: String| Err(OutboxError::InvalidMessage(problem));
         if let Some(problem) = &self.invalid {
             return invalid(problem.clone());
+        }
+        if let Some(Due::After(millis)) = self.due
+            && millis > MAX_DELAY_MILLIS
+        {
+            return invalid(format!(
+                "its delay of {millis} ms is over 100 years: give a time with deliver_at"
+            ));
         }
         if self.payload.len() > MAX_PAYLOAD_LEN {
             return invalid(format!(

@@ -41,7 +41,7 @@ pub use relay::{
     MAX_BATCH_SIZE, Outgoing, PublishError, Published, Publisher, Relay, RelayHandle, Relayed,
 };
 pub(crate) use stage::stage_in;
-pub use stage::{set_notify, stage};
+pub use stage::{cancel, set_notify, stage};
 
 use crate::backend::{Backend, Opened, Param, Record};
 use crate::error::Error;

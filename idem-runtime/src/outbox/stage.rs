@@ -1,5 +1,6 @@
 //! Staging: a message written into `idem_outbox` in the transaction of its effect.
 
+use super::message::Due;
 use super::{MAX_ORDERING_KEY_LEN, Message, MessageId, OutboxError};
 use crate::backend::{Backend, Param, insert_unless_taken};
 use crate::value::hex::hex;
@@ -67,6 +68,11 @@ pub(crate) async fn stage_in<DB: Backend>(
         (None, None) => Cow::Borrowed(id.as_str()),
     };
     let headers = message.headers_json();
+    let (at, after) = match message.due {
+        Some(Due::At(at)) => (Param::Int(at), Param::Int(0)),
+        Some(Due::After(after)) => (Param::Null, Param::Int(after)),
+        None => (Param::Null, Param::Int(0)),
+    };
     let params = [
         Param::Text(&id),
         Param::Text(&ordering_key),
@@ -74,6 +80,8 @@ pub(crate) async fn stage_in<DB: Backend>(
         Param::Text(&message.destination.routing_key),
         Param::Bytes(&message.payload),
         Param::Text(&headers),
+        at,
+        after,
     ];
     let dialect = DB::dialect(conn)?;
     let sql = dialect.outbox();
@@ -83,6 +91,42 @@ pub(crate) async fn stage_in<DB: Backend>(
         insert_unless_taken::<DB>(conn, dialect, &sql.insert_quiet, &params).await?;
     }
     Ok(MessageId(id))
+}
+
+/// Cancels the staged message `id` in `tx` (a later transaction than its staging): `true`
+/// if it was not published yet, and now never will be; `false` if it was published
+/// already, is being published (a relay holds it: on PostgreSQL and MySQL this waits for
+/// that relay, then finds it published), or was never staged. It commits or rolls back with
+/// `tx`. For a delayed message that became moot — the payment came, the timeout needs not
+/// fire — and, since a cancel can come too late, keep the consumer's side safe as well: a
+/// transition refuses a timeout for an order already paid.
+///
+/// ```
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::outbox::{self, Message};
+/// use std::time::Duration;
+///
+/// idem::migrate(&pool).await?;
+/// let mut tx = pool.begin().await?;
+/// let timeout = Message::json("order.timeout", &7)
+///     .id("order:7:timeout")
+///     .deliver_after(Duration::from_secs(1800));
+/// outbox::stage(&mut tx, timeout).await?;
+/// tx.commit().await?;
+///
+/// // The payment came first: the timeout is moot.
+/// let mut tx = pool.begin().await?;
+/// assert!(outbox::cancel(&mut tx, "order:7:timeout").await?);
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn cancel<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    id: &str,
+) -> Result<bool, sqlx::Error> {
+    let conn: &mut DB::Connection = tx;
+    let cancel = &DB::dialect(conn)?.outbox().cancel;
+    Ok(DB::execute(conn, cancel, &[Param::Text(id)]).await? > 0)
 }
 
 static NOTIFY: AtomicBool = AtomicBool::new(true);
