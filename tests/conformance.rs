@@ -220,17 +220,22 @@ async fn retried_messages<B: Broker>(db: Db, batch: Option<usize>) {
                 B::NAME
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !broker.settled().await {
-            assert!(
-                Instant::now() < deadline,
-                "{}: messages left unacknowledged",
-                B::NAME
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        settles(broker).await;
     })
     .await;
+}
+
+/// Waits (at most 10 s) until every message of `broker`'s destination is acknowledged.
+async fn settles<B: Broker>(broker: &B) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !broker.settled().await {
+        assert!(
+            Instant::now() < deadline,
+            "{}: a message was left unacknowledged",
+            B::NAME
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// See the [module](self): a poison message among good ones, taken in batches.
@@ -265,15 +270,7 @@ async fn poison_message<B: Broker>(db: Db) {
             }
             stop.send(true).unwrap();
             consumer.await.unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !broker.settled().await {
-                assert!(
-                    Instant::now() < deadline,
-                    "{}: a message was left unacknowledged",
-                    B::NAME
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            settles(broker).await;
             let (status, attempts, error) = db.record("order:2:paid").await.unwrap();
             assert_eq!((status.as_str(), attempts), ("DEAD", 3), "{}", B::NAME);
             assert!(
@@ -355,15 +352,7 @@ async fn came_early<B: Broker>(db: Db) {
             }
             stop.send(true).unwrap();
             consumer.await.unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !broker.settled().await {
-                assert!(
-                    Instant::now() < deadline,
-                    "{}: a message was left unacknowledged",
-                    B::NAME
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            settles(broker).await;
             assert_eq!(
                 db.record(&ship).await.map(|(s, a, _)| (s, a)),
                 Some(("SUCCESS".into(), 1)),
@@ -1233,15 +1222,7 @@ async fn killed_consumer<B: Broker>(db: Db, crash_point: &'static str) {
             second.exits_successfully().await;
             assert_eq!(db.effects().await, 1, "{}: exactly one effect", B::NAME);
             assert_eq!(db.records().await, 1);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !broker.settled().await {
-                assert!(
-                    Instant::now() < deadline,
-                    "{}: the message was left unacknowledged",
-                    B::NAME
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            settles(broker).await;
         },
     )
     .await;

@@ -385,10 +385,7 @@ async fn applied_in_order(
     pool: &sqlx::SqlitePool,
     n: i64,
 ) -> Vec<String> {
-    sqlx::query("CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)")
-        .execute(pool)
-        .await
-        .unwrap();
+    assert!(applied(pool).await.is_empty());
     let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -425,10 +422,7 @@ async fn applied_in_order(
             .await
             .unwrap();
     }
-    sqlx::query_scalar("SELECT id FROM applied ORDER BY seq")
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    applied(pool).await
 }
 
 /// A partition's messages apply in offset order, whatever their keys' order (here the
@@ -494,7 +488,8 @@ async fn applying_round(
         .unwrap()
 }
 
-/// The ids applied so far, in the order applied (the table `applied`).
+/// The ids applied so far, in the order applied (the table `applied`, made by the first
+/// call).
 async fn applied(pool: &sqlx::SqlitePool) -> Vec<String> {
     sqlx::query("CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)")
         .execute(pool)
