@@ -56,10 +56,19 @@ async fn round(
     consumer: &KafkaConsumer,
     pool: &sqlx::SqlitePool,
 ) -> Result<KafkaRound<(), sqlx::Error>, idem::inbox::kafka::KafkaRoundError> {
+    round_into(consumer, pool, "kafka_fault_effects").await
+}
+
+/// A round whose handler adds each message's id to `table`.
+async fn round_into(
+    consumer: &KafkaConsumer,
+    pool: &sqlx::SqlitePool,
+    table: &'static str,
+) -> Result<KafkaRound<(), sqlx::Error>, idem::inbox::kafka::KafkaRoundError> {
     consumer
         .next(pool, |tx, record| {
             Box::pin(async move {
-                sqlx::query("INSERT INTO kafka_fault_effects (id) VALUES (?)")
+                sqlx::query(&format!("INSERT INTO {table} (id) VALUES (?)"))
                     .bind(record.key().as_str())
                     .execute(&mut **tx)
                     .await?;
@@ -474,18 +483,7 @@ async fn applying_round(
     consumer: &KafkaConsumer,
     pool: &sqlx::SqlitePool,
 ) -> KafkaRound<(), sqlx::Error> {
-    consumer
-        .next(pool, |tx, record| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO applied (id) VALUES (?)")
-                    .bind(record.key().as_str())
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        })
-        .await
-        .unwrap()
+    round_into(consumer, pool, "applied").await.unwrap()
 }
 
 /// The ids applied so far, in the order applied (the table `applied`, made by the first
