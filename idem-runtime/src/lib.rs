@@ -18,8 +18,11 @@ mod fault;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod inbox;
+pub mod lease;
 mod machine;
 pub mod outbox;
+#[cfg(feature = "schedule")]
+pub mod schedule;
 mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -1,4 +1,5 @@
-//! idem's own tables — the results table, the inbox and the outbox — as this version
+//! idem's own tables — the results table, the inbox, the outbox, the leases and the
+//! scheduled jobs — as this version
 //! makes them: their migrations, which [`migrate`] runs, and the columns
 //! [`verify`](crate::verify) checks. Below every stage: a stage names its table here, and
 //! this module names no stage.
@@ -10,26 +11,33 @@ use sqlx::Pool;
 
 /// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
-/// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox), in one text.
+/// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox;
+/// `0004_idem_leases_jobs.sql`: the leases and the scheduled jobs), in one text.
 pub const POSTGRES_MIGRATION: &str = concat!(
     include_str!("../migrations/postgres/0001_idem.sql"),
     "\n",
     include_str!("../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
     "\n",
     include_str!("../migrations/postgres/0003_idem_outbox.sql"),
+    "\n",
+    include_str!("../migrations/postgres/0004_idem_leases_jobs.sql"),
 );
 /// The schema for SQLite, as its sqlx migrations in order (`0001_idem.sql`: the results
-/// table and the inbox; `0002_idem_outbox.sql`: the outbox), in one text.
+/// table and the inbox; `0002_idem_outbox.sql`: the outbox; `0003_idem_leases_jobs.sql`:
+/// the leases and the scheduled jobs), in one text.
 pub const SQLITE_MIGRATION: &str = concat!(
     include_str!("../migrations/sqlite/0001_idem.sql"),
     "\n",
     include_str!("../migrations/sqlite/0002_idem_outbox.sql"),
+    "\n",
+    include_str!("../migrations/sqlite/0003_idem_leases_jobs.sql"),
 );
 /// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
 /// their key columns `VARBINARY`, compared byte for byte, trailing spaces included;
 /// `0003_idem_outbox.sql`: the outbox; `0004_idem_outbox_held.sql`: the indexes a relay's
-/// candidates and holds follow, which set dead and held messages apart), in one text.
+/// candidates and holds follow, which set dead and held messages apart;
+/// `0005_idem_leases_jobs.sql`: the leases and the scheduled jobs), in one text.
 pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../migrations/mysql/0001_idem.sql"),
     "\n",
@@ -38,6 +46,8 @@ pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../migrations/mysql/0003_idem_outbox.sql"),
     "\n",
     include_str!("../migrations/mysql/0004_idem_outbox_held.sql"),
+    "\n",
+    include_str!("../migrations/mysql/0005_idem_leases_jobs.sql"),
 );
 
 /// The schema of `dialect`, as its migrations in order in one text.
@@ -115,6 +125,24 @@ pub(crate) const OUTBOX_COLUMNS: [&str; 14] = [
     "claimed_until",
 ];
 
+/// The columns of the leases table idem reads and writes.
+pub(crate) const LEASE_COLUMNS: [&str; 5] =
+    ["name", "fence", "holder", "lease_until", "updated_at"];
+
+/// The columns of the scheduled jobs' table idem reads and writes.
+pub(crate) const JOB_COLUMNS: [&str; 10] = [
+    "job",
+    "next_at",
+    "fence",
+    "running_at",
+    "lease_until",
+    "attempts",
+    "last_at",
+    "result",
+    "error",
+    "updated_at",
+];
+
 /// The columns of the outbox table compared byte for byte: its id and ordering key.
 pub(crate) const OUTBOX_KEY_COLUMNS: [&str; 2] = ["id", "ordering_key"];
 
@@ -144,9 +172,9 @@ mod tests {
     #[test]
     fn migrations_split_into_their_statements() {
         for (migration, count) in [
-            (POSTGRES_MIGRATION, 8),
-            (SQLITE_MIGRATION, 7),
-            (MYSQL_MIGRATION, 9),
+            (POSTGRES_MIGRATION, 10),
+            (SQLITE_MIGRATION, 9),
+            (MYSQL_MIGRATION, 11),
         ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");
@@ -193,6 +221,8 @@ mod tests {
             assert_eq!(columns(table("idem_inbox")), INBOX_COLUMNS);
             assert_eq!(columns(table("idem_results")), RESULT_COLUMNS);
             assert_eq!(columns(table("idem_outbox")), OUTBOX_COLUMNS);
+            assert_eq!(columns(table("idem_leases")), LEASE_COLUMNS);
+            assert_eq!(columns(table("idem_jobs")), JOB_COLUMNS);
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod dialect;
 pub mod enforce;
 pub mod ident;
 pub mod inbox;
+pub mod lease;
 pub mod limits;
 pub mod outbox;
 pub mod partition;

@@ -4,8 +4,8 @@
 use crate::backend::{Backend, Dialect, Opened, Param};
 use crate::machine::definition::Machine;
 use crate::schema::{
-    INBOX_COLUMNS, INBOX_KEY_COLUMNS, OUTBOX_COLUMNS, OUTBOX_KEY_COLUMNS, RESULT_COLUMNS,
-    RESULT_KEY_COLUMNS,
+    INBOX_COLUMNS, INBOX_KEY_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, OUTBOX_COLUMNS,
+    OUTBOX_KEY_COLUMNS, RESULT_COLUMNS, RESULT_KEY_COLUMNS,
 };
 use idem_sql::catalog::{ColumnsOf, TypeKind};
 use sqlx::Pool;
@@ -131,6 +131,18 @@ async fn report<M: Machine, DB: Backend>(
     outbox_table
         .check::<DB>(conn, dialect, &mut problems)
         .await?;
+    for (name, columns, key) in [
+        ("idem_leases", &LEASE_COLUMNS[..], &LEASE_COLUMNS[..1]),
+        ("idem_jobs", &JOB_COLUMNS[..], &JOB_COLUMNS[..1]),
+    ] {
+        let table = IdemTable {
+            name,
+            columns,
+            key,
+            required: false,
+        };
+        table.check::<DB>(conn, dialect, &mut problems).await?;
+    }
     if dialect == Dialect::MySql
         && columns::<DB>(conn, dialect, "idem_outbox").await?.is_some()
         && columns::<DB>(conn, dialect, "idem_outbox_locks")
