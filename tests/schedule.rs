@@ -51,7 +51,10 @@ where
 
 /// A statement run in a body's transaction, spelled per backend: a generic async block over
 /// `&mut **tx` does not prove `Send` on rustc 1.95.
-trait Exec: idem::Backend {
+pub(crate) trait Exec: idem::Backend {
+    /// How the backend spells its statements (its clock, for one).
+    const DIALECT: idem::Dialect;
+
     fn exec<'a>(
         tx: &'a mut sqlx::Transaction<'static, Self>,
         sql: String,
@@ -59,15 +62,17 @@ trait Exec: idem::Backend {
 }
 
 macro_rules! exec {
-    ($($db:ty),*) => {$(
+    ($($db:ty => $dialect:ident),*) => {$(
         impl Exec for $db {
+            const DIALECT: idem::Dialect = idem::Dialect::$dialect;
+
             fn exec<'a>(tx: &'a mut sqlx::Transaction<'static, Self>, sql: String) -> BatchFuture<'a, (), sqlx::Error> {
                 Box::pin(async move { sqlx::query(&sql).execute(&mut **tx).await.map(drop) })
             }
         }
     )*};
 }
-exec!(sqlx::Sqlite, sqlx::Postgres, sqlx::MySql);
+exec!(sqlx::Sqlite => Sqlite, sqlx::Postgres => Postgres, sqlx::MySql => MySql);
 
 /// Inserts the effect of `occurrence` by `instance` in `tx`.
 fn effect<'t, DB: Exec>(

@@ -72,6 +72,7 @@ mod rabbitmq;
 mod races;
 mod readme;
 mod schedule;
+mod schedule_processes;
 mod serializable;
 mod set_columns;
 mod statement_form;
