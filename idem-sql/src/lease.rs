@@ -67,14 +67,16 @@ pub const JOB_SKIP: &str = "UPDATE idem_jobs SET next_at = $3, attempts = 0, run
     WHERE job = $1 AND next_at = $2 AND (lease_until IS NULL OR lease_until <= COALESCE($4, {now}))";
 
 /// Records an occurrence in the transaction of its body: the job's first occurrence not yet
-/// run moves from `$2` to `$3` (just after the occurrence `$5`), unless another instance
-/// moved it first or a run holds the job. The row stays locked until the commit, so a
-/// second instance's record of the same occurrence waits for it and then records nothing.
-/// `$1` job, `$4` now.
+/// run moves from `$2` to `$3` (just after the occurrence `$5`), if the occurrence is due by
+/// now and now is before `$6` (the next occurrence, or the deadline, for a record made
+/// without reading the row first), unless another instance moved the job first or a run
+/// holds it. The row stays locked until the commit, so a second instance's record of the
+/// same occurrence waits for it and then records nothing. `$1` job, `$4` now.
 pub const JOB_OCCUR: &str = "UPDATE idem_jobs SET next_at = $3, last_at = $5, attempts = 0, \
     running_at = NULL, lease_until = NULL, result = NULL, error = NULL, \
     updated_at = COALESCE($4, {now}) \
-    WHERE job = $1 AND next_at = $2 AND (lease_until IS NULL OR lease_until <= COALESCE($4, {now}))";
+    WHERE job = $1 AND next_at = $2 AND $5 <= COALESCE($4, {now}) AND COALESCE($4, {now}) < $6 \
+    AND (lease_until IS NULL OR lease_until <= COALESCE($4, {now}))";
 
 /// Stores the result of the occurrence just recorded. `$1` job, `$2` result.
 pub const JOB_STORE: &str = "UPDATE idem_jobs SET result = $2 WHERE job = $1";

@@ -87,7 +87,7 @@ use sqlx::{Pool, Transaction};
 use std::convert::Infallible;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use steps::{Did, NotRun, OccurrencePlan, Op, Row, Step};
@@ -131,6 +131,19 @@ pub struct Job {
     lease: Duration,
     clock: Option<Arc<dyn Clock>>,
     counters: Arc<Counters>,
+    /// What this process last learned of the job's row (shared by clones).
+    known: Arc<Mutex<Option<Known>>>,
+}
+
+/// What a process last learned of its job's row, so that the next occurrence can be
+/// recorded without reading the row first: the record's own statement checks, by the
+/// database's clock, that it is due and that no later occurrence is.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// The job's first occurrence not yet run, as this process last read or moved it.
+    cursor: i64,
+    /// The database's clock minus this process's, as of that read.
+    offset: i64,
 }
 
 impl fmt::Debug for Job {
@@ -162,6 +175,7 @@ impl Job {
             retry_delay: Duration::from_secs(1),
             lease: Duration::from_secs(30),
             clock: None,
+            known: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -248,30 +262,42 @@ impl Job {
             ) -> BatchFuture<'t, T, E>
             + Send,
     {
-        let (skipped, due) = match self.decide(pool).await.map_err(Error::widen)? {
-            Decided::Wait(tick) => return Ok(tick.widen()),
-            Decided::Run {
-                skipped,
-                occurrence,
-                cursor,
-                ..
-            } => (skipped, (occurrence, cursor)),
+        let (skipped, occurrence, cursor, until) = match self.recorded_ahead() {
+            Some((occurrence, cursor, until)) => (0, occurrence, cursor, until),
+            None => match self.decide(pool).await.map_err(Error::widen)? {
+                Decided::Wait(tick) => return Ok(tick.widen()),
+                Decided::Run {
+                    skipped,
+                    occurrence,
+                    cursor,
+                    ..
+                } => (skipped, occurrence, cursor, i64::MAX),
+            },
         };
-        let (occurrence, cursor) = due;
         let plan = OccurrencePlan::<T> {
             job: self,
             occurrence: &occurrence,
             cursor,
             next: occurrence.at_millis.saturating_add(1),
+            until,
             value: PhantomData,
         };
         let mut work = match begin(pool, &plan).await {
             Begun::Run(work) => work,
             Begun::Done(Ok(_)) => {
+                self.forget();
+                if until != i64::MAX {
+                    // Recorded ahead of a read, and refused (not due yet, a later
+                    // occurrence due, another instance first): read, and decide.
+                    return Ok(Tick::new(0, Outcome::Elsewhere));
+                }
                 self.counters.add(&self.name, Event::Elsewhere, 1);
                 return Ok(Tick::new(skipped, Outcome::Elsewhere));
             }
-            Begun::Done(Err(e)) => return Err(Error::widen(e)),
+            Begun::Done(Err(e)) => {
+                self.forget();
+                return Err(Error::widen(e));
+            }
         };
         let held = work.held();
         let result = held
@@ -280,14 +306,91 @@ impl Job {
         match work.finish_unwound(&plan, result).await {
             Ok(Ok(value)) => {
                 self.counters.add(&self.name, Event::Ran, 1);
-                Ok(Tick::new(skipped, Outcome::Ran(occurrence, value)))
+                let wait = self.ran(occurrence.at_millis);
+                let mut tick = Tick::new(skipped, Outcome::Ran(occurrence, value));
+                tick.after_run = wait;
+                Ok(tick)
             }
             Ok(Err(NotRun::Elsewhere)) => Ok(Tick::new(skipped, Outcome::Elsewhere)),
             Err(e) => {
+                self.forget();
                 self.failed(pool, &occurrence, cursor, &e).await;
                 Err(e)
             }
         }
+    }
+
+    /// The next occurrence, to record without reading the job's row first, if this process
+    /// knows the row and its estimate of the database's clock says the occurrence is due;
+    /// with the cursor to move from and the time before which the record may be made (the
+    /// next occurrence, or the deadline), which the record's statement checks by the
+    /// database's own clock.
+    fn recorded_ahead(&self) -> Option<(Occurrence, i64, i64)> {
+        let known = (*self.known.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let first = self.schedule.at_or_after(known.cursor)?;
+        let now = self.local_now().saturating_add(known.offset);
+        if first > now {
+            return None;
+        }
+        let mut until = match self.missed {
+            Missed::RunEach => i64::MAX,
+            Missed::RunLatest | Missed::Skip => self
+                .schedule
+                .at_or_after(first.saturating_add(1))
+                .unwrap_or(i64::MAX),
+        };
+        if let Some(deadline) = self.deadline_millis() {
+            until = until.min(first.saturating_add(deadline).saturating_add(1));
+        }
+        self.counters.late(&self.name, now - first);
+        Some((Occurrence::new(self, first, 1), known.cursor, until))
+    }
+
+    /// Notes that this process recorded the occurrence `at`: the job's row moved just past
+    /// it. Returns how long until the next occurrence, by the estimate of the database's
+    /// clock.
+    fn ran(&self, at: i64) -> Duration {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(k) = known.as_mut() else {
+            return Duration::ZERO;
+        };
+        k.cursor = at.saturating_add(1);
+        let offset = k.offset;
+        drop(known);
+        let now = self.local_now().saturating_add(offset);
+        match self.schedule.at_or_after(at.saturating_add(1)) {
+            Some(next) => millis_to(next.saturating_sub(now)),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// Forgets what this process knew of the row: the next tick reads it.
+    fn forget(&self) {
+        *self.known.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Remembers the row as read at `now` (the database's clock), its cursor at `cursor`.
+    fn learn(&self, cursor: i64, now: i64) {
+        let offset = now.saturating_sub(self.local_now());
+        *self.known.lock().unwrap_or_else(PoisonError::into_inner) = Some(Known { cursor, offset });
+    }
+
+    /// This process's time (the given clock's, if one was), in milliseconds.
+    fn local_now(&self) -> i64 {
+        match &self.clock {
+            Some(clock) => clock.now_millis(),
+            None => crate::inbox::SystemClock.now_millis(),
+        }
+    }
+
+    /// The deadline in milliseconds: the job's, or `Missed::Skip`'s minute.
+    fn deadline_millis(&self) -> Option<i64> {
+        match (self.deadline, self.missed) {
+            (Some(deadline), _) => Some(deadline),
+            (None, Missed::Skip) => Some(Duration::from_secs(60)),
+            (None, _) => None,
+        }
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
     }
 
     /// [`run`](Self::run), in the leased form: each due occurrence is claimed with the job's
@@ -486,6 +589,7 @@ impl Job {
         let Some(first) = self.schedule.at_or_after(cursor) else {
             return Ok(Decided::Wait(Tick::new(0, Outcome::Finished)));
         };
+        self.learn(cursor, now);
         if first > now {
             self.counters.late(&self.name, 0);
             return Ok(Decided::Wait(Tick::new(
@@ -497,12 +601,7 @@ impl Job {
             )));
         }
         self.counters.late(&self.name, now - first);
-        let deadline = match (self.deadline, self.missed) {
-            (Some(deadline), _) => Some(deadline),
-            (None, Missed::Skip) => Some(Duration::from_secs(60)),
-            (None, _) => None,
-        }
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let deadline = self.deadline_millis();
         let in_time = |at: i64| deadline.is_none_or(|d| at.saturating_add(d) >= now);
         let target = match self.missed {
             Missed::RunEach if in_time(first) => Some(first),
@@ -535,6 +634,7 @@ impl Job {
             self.counters.add(&self.name, Event::Skipped, skipped);
             tracing::info!(job = %self.name, skipped, "idem: missed occurrences skipped");
             cursor = target;
+            self.learn(cursor, now);
         }
         if target > now {
             return Ok(Decided::Wait(Tick::new(
@@ -621,7 +721,11 @@ enum Decided {
 
 impl<T> Tick<T> {
     fn new(skipped: u64, outcome: Outcome<T>) -> Tick<T> {
-        Tick { skipped, outcome }
+        Tick {
+            skipped,
+            outcome,
+            after_run: Duration::ZERO,
+        }
     }
 }
 
@@ -718,6 +822,11 @@ impl Occurrence {
     }
 }
 
+/// A duration of `millis` milliseconds, none if negative.
+fn millis_to(millis: i64) -> Duration {
+    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
 /// The RFC 3339 text of an instant, UTC, with milliseconds.
 fn key_of(at_millis: i64) -> String {
     match jiff::Timestamp::from_millisecond(at_millis) {
@@ -738,6 +847,9 @@ pub struct Tick<T> {
     pub skipped: u64,
     /// What else it did.
     pub outcome: Outcome<T>,
+    /// After a run: how long until the next occurrence, by this process's estimate of the
+    /// database's clock.
+    after_run: Duration,
 }
 
 impl<T> Tick<T> {
@@ -750,9 +862,13 @@ impl<T> Tick<T> {
     }
 
     /// How long until there may be more to do: until the next occurrence or the end of the
-    /// lease that holds the job (by the database's clock), at once after a run or a race
-    /// lost, at most a minute (a job whose schedule has ended is read again each minute).
+    /// lease that holds the job (by the database's clock; after a run, by this process's
+    /// estimate of it, which the next record checks), at once after a race lost, at most a
+    /// minute (a job whose schedule has ended is read again each minute).
     pub fn wait(&self) -> Duration {
+        if let Outcome::Ran(..) = self.outcome {
+            return self.after_run.min(MAX_SLEEP);
+        }
         let millis = match self.outcome {
             Outcome::NotDue {
                 next_millis,
@@ -765,7 +881,7 @@ impl<T> Tick<T> {
             Outcome::Ran(..) | Outcome::Elsewhere => 0,
             Outcome::Finished => i64::MAX,
         };
-        Duration::from_millis(u64::try_from(millis).unwrap_or(0)).min(MAX_SLEEP)
+        millis_to(millis).min(MAX_SLEEP)
     }
 }
 
@@ -791,7 +907,9 @@ pub enum Outcome<T> {
         /// The database's time at the tick.
         now_millis: i64,
     },
-    /// Another instance ran or skipped the occurrence first: tick again.
+    /// Nothing ran: another instance ran or skipped the occurrence first, or this process's
+    /// record of the next occurrence, made without reading the job's row, was refused by the
+    /// database's clock (a later occurrence was due too). Tick again: the next tick reads.
     Elsewhere,
     /// The schedule has no more occurrences.
     Finished,

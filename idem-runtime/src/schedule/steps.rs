@@ -183,6 +183,9 @@ pub(crate) struct OccurrencePlan<'a, T> {
     pub(crate) cursor: i64,
     /// Where the cursor moves to: just after the occurrence.
     pub(crate) next: i64,
+    /// The record is made only while the database's now is before this (the next
+    /// occurrence, or the deadline), for a record made without reading the row.
+    pub(crate) until: i64,
     pub(crate) value: PhantomData<fn() -> T>,
 }
 
@@ -231,6 +234,7 @@ impl<'a, DB: Backend, T: Serialize> Plan<DB> for OccurrencePlan<'a, T> {
             Param::Int(self.next),
             self.job.at(),
             Param::Int(self.occurrence.at_millis),
+            Param::Int(self.until),
         ];
         if DB::execute(tx, &sql.job_occur, &params).await? == 1 {
             Ok(Entered::Run(Recorded {
