@@ -10,6 +10,8 @@
 //! - [`outbox`]: messages that commit with their effect, and the relay that publishes them.
 //! - [`cache`]: the Redis fast path: duplicates answered without a transaction (feature
 //!   `redis`).
+//! - [`schedule`]: scheduled jobs that run once per occurrence (feature `schedule`), leases
+//!   with fencing tokens, and timeouts as delayed messages.
 //! - [`scaling`]: past one database server — the ambiguous commit, MariaDB Galera, PostgreSQL
 //!   failover, pgbouncer, the test clusters.
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
@@ -37,6 +39,9 @@ pub mod outbox {}
 
 #[doc = include_str!("../docs/guide/cache.md")]
 pub mod cache {}
+
+#[doc = include_str!("../docs/guide/schedule.md")]
+pub mod schedule {}
 
 #[doc = include_str!("../docs/guide/scaling.md")]
 pub mod scaling {}

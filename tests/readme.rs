@@ -10,7 +10,7 @@ macro_rules! page {
 }
 
 /// The README and the guide's pages.
-const PAGES: [(&str, &str); 12] = [
+const PAGES: [(&str, &str); 13] = [
     page!("README.md"),
     page!("docs/guide/transitions.md"),
     page!("docs/guide/sql.md"),
@@ -23,6 +23,7 @@ const PAGES: [(&str, &str); 12] = [
     page!("docs/guide/schema.md"),
     page!("docs/guide/testing.md"),
     page!("docs/guide/proofs.md"),
+    page!("docs/guide/schedule.md"),
 ];
 
 const README: &str = PAGES[0].1;
@@ -343,6 +344,8 @@ fn every_sql_block_shown_is_generated() {
             sql.failed.clone(),
             sql.purge.clone(),
             dialect.inbox().insert_done.clone(),
+            dialect.leases().job_occur.clone(),
+            dialect.leases().lease_acquire.clone(),
         ]
     })
     .map(|statement| words(&statement))

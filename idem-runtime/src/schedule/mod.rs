@@ -87,8 +87,8 @@ use sqlx::{Pool, Transaction};
 use std::convert::Infallible;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use steps::{Did, NotRun, OccurrencePlan, Op, Row, Step};
 
