@@ -39,8 +39,9 @@
 //! ```
 //!
 //! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
-//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency,dead`) picks parts; without a URL its parts
-//! are skipped. The results are in BENCHMARKS.md.
+//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency,dead,delayed`) picks parts (`delayed`:
+//! a claim with `IDEM_BENCH_DELAYED`, default 100,000, delayed messages waiting); without a
+//! URL its parts are skipped. The results are in BENCHMARKS.md.
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -593,6 +594,47 @@ macro_rules! dead_head_cost {
     }};
 }
 
+/// One row: a claim's time on an empty outbox, and with `delayed` messages staged before
+/// every due one and due in an hour (each its own key).
+macro_rules! delayed_cost {
+    ($name:expr, $pool:expr, $rounds:expr, $delayed:expr, $analyze:expr) => {{
+        let pool = $pool;
+        let settle = async || sqlx::raw_sql($analyze).execute(&pool).await.unwrap();
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let relay = Relay::new(pool.clone(), AckAll).batch_size(100);
+        claim_times!(pool, relay, 1);
+        let empty = claim_times!(pool, relay, $rounds);
+        let mut left: usize = $delayed;
+        while left > 0 {
+            let n = left.min(1000);
+            let mut tx = pool.begin().await.unwrap();
+            for _ in 0..n {
+                let id = format!("delayed-bench-{}", unique());
+                let later = Message::bytes("delayed.bench", "x")
+                    .id(id.clone())
+                    .ordering_key(id)
+                    .deliver_after(Duration::from_secs(3600));
+                outbox::stage(&mut tx, later).await.unwrap();
+            }
+            tx.commit().await.unwrap();
+            left -= n;
+        }
+        settle().await;
+        let delayed = claim_times!(pool, relay, $rounds);
+        let (empty, delayed) = (median(empty), median(delayed));
+        format!(
+            "| {} | {:.1} | {:.1} | {:.2} |",
+            $name,
+            empty,
+            delayed,
+            delayed / empty
+        )
+    }};
+}
+
 const CLAIM_PG: &str = "SELECT seq, id, destination, routing_key, payload FROM idem_outbox \
     WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
 /// The loop by hand marks its batch in one statement: on PostgreSQL with the batch's `seq`s
@@ -856,8 +898,8 @@ async fn main() {
         .unwrap();
     idem::migrate(&sqlite).await.unwrap();
 
-    let parts =
-        std::env::var("IDEM_BENCH_PARTS").unwrap_or_else(|_| "staging,relay,latency,dead".into());
+    let parts = std::env::var("IDEM_BENCH_PARTS")
+        .unwrap_or_else(|_| "staging,relay,latency,dead,delayed".into());
     let part = |name: &str| parts.split(',').any(|p| p == name);
     if part("staging") {
         println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
@@ -1000,6 +1042,43 @@ async fn main() {
                 false
             )
         );
+    }
+    if part("delayed") {
+        let delayed = env_usize("IDEM_BENCH_DELAYED", 100_000);
+        let rounds = rounds * 3;
+        println!(
+            "\n## Claiming 100 due messages with {delayed} delayed ones waiting ({rounds} rounds)\n"
+        );
+        println!("| database | empty outbox, ms | {delayed} delayed, ms | delayed to empty |");
+        println!("|---|---|---|---|");
+        if let Some(pool) = &postgres {
+            let row = delayed_cost!(
+                "PostgreSQL",
+                pool.clone(),
+                rounds,
+                delayed,
+                "VACUUM ANALYZE idem_outbox"
+            );
+            println!("{row}");
+        }
+        if let Some(pool) = &mysql {
+            let row = delayed_cost!(
+                "MariaDB",
+                pool.clone(),
+                rounds,
+                delayed,
+                "ANALYZE TABLE idem_outbox; SET GLOBAL innodb_max_purge_lag_wait = 0"
+            );
+            println!("{row}");
+        }
+        let row = delayed_cost!(
+            "SQLite (file)",
+            sqlite.clone(),
+            rounds,
+            delayed,
+            "ANALYZE idem_outbox"
+        );
+        println!("{row}");
     }
     cleanup(&brokers).await;
     for suffix in ["", "-wal", "-shm"] {

@@ -3,12 +3,16 @@
 //! inbox consumer's messages and clients' transitions, each twice, shuffled — by 16 tasks
 //! while the primary is SIGKILLed and the standby promoted. Callers see transient errors
 //! (connections cut, none to be had while no node is primary) and retry; at the end every
-//! message and every order has exactly one effect, on the promoted node.
+//! message and every order has exactly one effect, on the promoted node. Meanwhile two
+//! scheduler instances run a job every 200 ms (`Missed::RunEach`) on the same pair: every
+//! occurrence from the first to the last has exactly one effect, those that came due while
+//! no node was primary run once it answered again.
 
 use crate::common;
 use crate::order::Order;
 use crate::pg_forms::{consume, pay};
 use idem::inbox::{Delivery, Inbox, MessageKey};
+use idem::schedule::{Job, Missed, Schedule};
 use idem::{Error, Outcome};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -119,6 +123,32 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
     let answered = Arc::new(AtomicUsize::new(0));
     let transient = Arc::new(AtomicUsize::new(0));
     let inbox = Inbox::new("failover").unwrap();
+    // Two scheduler instances, each occurrence's effect an `effects` row of kind `job`.
+    let schedulers: Vec<_> = (0..2)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let every = Schedule::every(Duration::from_millis(200)).unwrap();
+                let job = Job::new("failover-job", every)
+                    .unwrap()
+                    .missed(Missed::RunEach)
+                    .retry_delay(Duration::from_millis(200));
+                job.run(&pool, |tx, occurrence| {
+                    let n = occurrence.at_millis() / 200;
+                    Box::pin(async move {
+                        sqlx::query(
+                            "INSERT INTO effects (order_id, kind, amount) VALUES ($1, 'job', 1)",
+                        )
+                        .bind(n)
+                        .execute(&mut **tx)
+                        .await?;
+                        Ok::<_, sqlx::Error>(())
+                    })
+                })
+                .await
+            })
+        })
+        .collect();
     let mut tasks = JoinSet::new();
     for _ in 0..16 {
         let (pool, inbox, calls) = (pool.clone(), inbox.clone(), calls.clone());
@@ -173,6 +203,14 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
         queued_after_kill > 0,
         "the primary died before the run ended"
     );
+    // The schedulers catch up with what came due during the failover, then stop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for scheduler in &schedulers {
+        scheduler.abort();
+    }
+    for scheduler in schedulers {
+        let _ = scheduler.await;
+    }
     assert!(
         transient.load(Ordering::Relaxed) > 0,
         "the failover interrupted no call"
@@ -203,6 +241,14 @@ async fn a_thousand_deliveries_across_a_failover_lose_nothing_and_double_nothing
     assert_eq!(
         effects("consume").await,
         (1..=MESSAGES).map(|k| (k, 1)).collect::<Vec<_>>()
+    );
+    let occurrences = effects("job").await;
+    let (first, last) = (occurrences[0].0, occurrences.last().unwrap().0);
+    assert!(last - first >= 20, "{occurrences:?}");
+    assert_eq!(
+        occurrences,
+        (first..=last).map(|n| (n, 1)).collect::<Vec<_>>(),
+        "each occurrence once, none missing"
     );
     eprintln!(
         "failover: the primary killed with {queued_after_kill} of {total} calls not yet begun; {} transient errors retried",

@@ -12,7 +12,9 @@ use sqlx::Pool;
 /// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
 /// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox;
-/// `0004_idem_leases_jobs.sql`: the leases and the scheduled jobs), in one text.
+/// `0004_idem_leases_jobs.sql`: the leases and the scheduled jobs;
+/// `0005_idem_outbox_due_at.sql`: the index a relay's claim follows in due order), in one
+/// text.
 pub const POSTGRES_MIGRATION: &str = concat!(
     include_str!("../migrations/postgres/0001_idem.sql"),
     "\n",
@@ -21,23 +23,30 @@ pub const POSTGRES_MIGRATION: &str = concat!(
     include_str!("../migrations/postgres/0003_idem_outbox.sql"),
     "\n",
     include_str!("../migrations/postgres/0004_idem_leases_jobs.sql"),
+    "\n",
+    include_str!("../migrations/postgres/0005_idem_outbox_due_at.sql"),
 );
 /// The schema for SQLite, as its sqlx migrations in order (`0001_idem.sql`: the results
 /// table and the inbox; `0002_idem_outbox.sql`: the outbox; `0003_idem_leases_jobs.sql`:
-/// the leases and the scheduled jobs), in one text.
+/// the leases and the scheduled jobs; `0004_idem_outbox_due_at.sql`: the index a relay's
+/// claim follows in due order), in one text.
 pub const SQLITE_MIGRATION: &str = concat!(
     include_str!("../migrations/sqlite/0001_idem.sql"),
     "\n",
     include_str!("../migrations/sqlite/0002_idem_outbox.sql"),
     "\n",
     include_str!("../migrations/sqlite/0003_idem_leases_jobs.sql"),
+    "\n",
+    include_str!("../migrations/sqlite/0004_idem_outbox_due_at.sql"),
 );
 /// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
 /// their key columns `VARBINARY`, compared byte for byte, trailing spaces included;
 /// `0003_idem_outbox.sql`: the outbox; `0004_idem_outbox_held.sql`: the indexes a relay's
 /// candidates and holds follow, which set dead and held messages apart;
-/// `0005_idem_leases_jobs.sql`: the leases and the scheduled jobs), in one text.
+/// `0005_idem_leases_jobs.sql`: the leases and the scheduled jobs;
+/// `0006_idem_outbox_due_at.sql`: the index a relay's candidates follow in due order), in
+/// one text.
 pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../migrations/mysql/0001_idem.sql"),
     "\n",
@@ -48,6 +57,8 @@ pub const MYSQL_MIGRATION: &str = concat!(
     include_str!("../migrations/mysql/0004_idem_outbox_held.sql"),
     "\n",
     include_str!("../migrations/mysql/0005_idem_leases_jobs.sql"),
+    "\n",
+    include_str!("../migrations/mysql/0006_idem_outbox_due_at.sql"),
 );
 
 /// The schema of `dialect`, as its migrations in order in one text.
@@ -172,9 +183,9 @@ mod tests {
     #[test]
     fn migrations_split_into_their_statements() {
         for (migration, count) in [
-            (POSTGRES_MIGRATION, 10),
-            (SQLITE_MIGRATION, 9),
-            (MYSQL_MIGRATION, 11),
+            (POSTGRES_MIGRATION, 11),
+            (SQLITE_MIGRATION, 10),
+            (MYSQL_MIGRATION, 12),
         ] {
             let statements: Vec<&str> = statements(migration).collect();
             assert_eq!(statements.len(), count, "{statements:#?}");

@@ -154,7 +154,9 @@ const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
         WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq AND p.published_at IS NULL \
         AND (p.attempts > 0 OR p.next_attempt_at <= {now}))";
 
-/// The `seq`s of at most `$1` due heads, oldest first, read without locking, in autocommit
+/// The `seq`s of at most `$1` due heads, in the order they came due (`next_attempt_at`,
+/// then `seq`, along `idem_outbox_due_at`, so that messages due later are never scanned),
+/// read without locking, in autocommit
 /// before the claiming transaction (MySQL, whose claim then locks each one by its primary
 /// key: [`LOCK_ONE_MYSQL`]); `dead_key` NULL. In the same read, at most 100 dead messages
 /// with unheld messages of their key behind them ([`DEAD_HEADS`]), their `seq`s and keys
@@ -162,7 +164,7 @@ const DUE_HEADS: &str = "o.published_at IS NULL AND o.dead_at IS NULL \
 /// ([`HOLD`]) before it claims, without a round trip more (a read of its own cost the relay
 /// a tenth of its throughput).
 pub const CANDIDATES: &str = "(SELECT o.seq, NULL AS dead_key FROM idem_outbox o {indexed_due} \
-        WHERE {due} ORDER BY o.seq LIMIT $1) \
+        WHERE {due} ORDER BY o.next_attempt_at, o.seq LIMIT $1) \
     UNION ALL (SELECT d.seq, d.ordering_key AS dead_key FROM idem_outbox d {dead_index} \
         WHERE {holding} \
         ORDER BY d.seq LIMIT 100)";
@@ -191,7 +193,9 @@ pub const LOCK_ONE_MYSQL: &str = "(SELECT {claimed} FROM idem_outbox o \
 /// MySQL's `GET_LOCK` is held by a session, not a transaction, and refused on Galera.
 pub const MYSQL_KEY_BUCKETS: u32 = 16_384;
 
-/// Claims at most `$1` due heads, oldest first, locking them until the relay's transaction
+/// Claims at most `$1` due heads, in the order they came due (`next_attempt_at`, then `seq`,
+/// along `idem_outbox_due_at`: messages delayed or backing off for later are never
+/// scanned), locking them until the relay's transaction
 /// ends and passing over those another relay holds (PostgreSQL; only the outer rows are
 /// locked, `OF o`). Each head also takes its ordering key's transaction-scoped advisory
 /// lock (class [`ADVISORY_CLASS`], the `hashtext` of the table's oid and the key: advisory
@@ -205,7 +209,7 @@ pub const MYSQL_KEY_BUCKETS: u32 = 16_384;
 /// message out of order (that key's head is this relay's, not due, or not committed yet).
 pub const CLAIM_LOCKED_POSTGRES: &str = "SELECT {claimed} FROM idem_outbox o WHERE {due} \
     AND pg_try_advisory_xact_lock(%class%, hashtext(o.tableoid::text || ' ' || o.ordering_key)) \
-    ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
+    ORDER BY o.next_attempt_at, o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
 
 /// The first key of the outbox's advisory locks on PostgreSQL (`pg_try_advisory_xact_lock(int,
 /// int)`): `0x1de3_0b0c`, idem's own, so that they share no lock with an application's.
@@ -217,7 +221,7 @@ pub const ADVISORY_CLASS: i32 = 0x1de3_0b0c;
 pub const CLAIM_LEASED: &str = "UPDATE idem_outbox SET claimed_until = {now} + $2 \
     WHERE seq IN (SELECT o.seq FROM idem_outbox o {indexed_due} WHERE {due} \
         AND (o.claimed_until IS NULL OR o.claimed_until <= {now}) \
-        ORDER BY o.seq LIMIT $1) \
+        ORDER BY o.next_attempt_at, o.seq LIMIT $1) \
     RETURNING {claimed}";
 
 /// Marks published messages: `{seqs}` is the list of their `seq`s, `$1, $2, …`
@@ -381,7 +385,7 @@ impl OutboxSql {
                 .replace("{due}", DUE_HEADS)
                 .replace("{holding}", HOLDING)
                 .replace("{held}", HELD_IF_HEAD_IS)
-                .replace("{indexed_due}", &indexed("idem_outbox_due"))
+                .replace("{indexed_due}", &indexed("idem_outbox_due_at"))
                 .replace("{unheld}", unheld)
                 .replace("{dead_index}", dead_index)
                 .replace("{indexed_pending}", &indexed("idem_outbox_pending"))
