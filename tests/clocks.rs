@@ -14,7 +14,7 @@ use child::{ChildProcess, report};
 use idem::inbox::{Claimed, Delivery, Inbox, MessageKey, Received};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+pub(crate) const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 const DAY: Duration = Duration::from_secs(24 * 3600);
 /// How far ahead the skewed instance's clock runs.
 const SKEW: &str = "+3d";
@@ -37,8 +37,8 @@ fn now_millis() -> i64 {
 }
 
 /// libfaketime's path, or `None` (skipped) where it is not installed and servers are
-/// optional.
-fn libfaketime() -> Option<&'static str> {
+/// optional (also the scheduler processes' skewed instance, `tests/schedule_processes.rs`).
+pub(crate) fn libfaketime() -> Option<&'static str> {
     if std::path::Path::new(LIBFAKETIME).exists() {
         return Some(LIBFAKETIME);
     }
@@ -46,7 +46,9 @@ fn libfaketime() -> Option<&'static str> {
         !common::require_servers(),
         "{LIBFAKETIME} is missing (Debian's `faketime` package), and IDEM_TEST_REQUIRE_SERVERS=1 forbids skipping"
     );
-    eprintln!("skipped: install Debian's `faketime` package to run the skewed-clock tests");
+    eprintln!(
+        "skipped: install Debian's `faketime` package to run the skewed-clock tests and processes"
+    );
     None
 }
 
@@ -154,15 +156,7 @@ async fn skewed_instance() {
     );
     report("skewed");
     match backend.as_str() {
-        "postgres" => {
-            let url = common::postgres_url().unwrap();
-            let schema = std::env::var("IDEM_CHILD_SCHEMA").unwrap();
-            let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url)
-                .unwrap()
-                .options([("search_path", schema.as_str())]);
-            let pool = sqlx::PgPool::connect_with(options).await.unwrap();
-            as_skewed_instance(&pool).await;
-        }
+        "postgres" => as_skewed_instance(&child_postgres().await).await,
         "mysql" => {
             let url = std::env::var("IDEM_CHILD_URL").unwrap();
             let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
@@ -170,6 +164,16 @@ async fn skewed_instance() {
         }
         other => panic!("unknown backend {other}"),
     }
+}
+
+/// A child's PostgreSQL pool, on the parent's schema (`IDEM_CHILD_SCHEMA`).
+pub(crate) async fn child_postgres() -> sqlx::PgPool {
+    let url = common::postgres_url().unwrap();
+    let schema = std::env::var("IDEM_CHILD_SCHEMA").unwrap();
+    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url)
+        .unwrap()
+        .options([("search_path", schema.as_str())]);
+    sqlx::PgPool::connect_with(options).await.unwrap()
 }
 
 async fn as_skewed_instance<DB: idem::Backend>(pool: &sqlx::Pool<DB>) {

@@ -9,26 +9,14 @@
 //! Debian's `faketime` package).
 
 use crate::child::{self, ChildProcess, report};
+use crate::clocks::{child_postgres, libfaketime};
 use crate::common;
 use crate::schedule::Exec;
 use idem::schedule::{Job, Missed, Schedule};
 use std::time::Duration;
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// How long each surviving process runs the job.
 const RUN: Duration = Duration::from_secs(12);
-
-fn libfaketime() -> Option<&'static str> {
-    if std::path::Path::new(LIBFAKETIME).exists() {
-        return Some(LIBFAKETIME);
-    }
-    assert!(
-        !common::require_servers(),
-        "{LIBFAKETIME} is missing (Debian's `faketime` package), and IDEM_TEST_REQUIRE_SERVERS=1 forbids skipping"
-    );
-    eprintln!("skipped: install Debian's `faketime` package to run the scheduler processes");
-    None
-}
 
 fn job(name: &str) -> Job {
     Job::new(name, Schedule::every(Duration::from_secs(1)).unwrap())
@@ -163,15 +151,7 @@ async fn scheduler_process() {
         .parse()
         .unwrap();
     match backend.as_str() {
-        "postgres" => {
-            let url = common::postgres_url().unwrap();
-            let schema = std::env::var("IDEM_CHILD_SCHEMA").unwrap();
-            let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url)
-                .unwrap()
-                .options([("search_path", schema.as_str())]);
-            let pool = sqlx::PgPool::connect_with(options).await.unwrap();
-            run(&pool, &name, instance, crash).await;
-        }
+        "postgres" => run(&child_postgres().await, &name, instance, crash).await,
         "mysql" => {
             let url = std::env::var("IDEM_CHILD_URL").unwrap();
             let pool = sqlx::MySqlPool::connect(&url).await.unwrap();

@@ -60,6 +60,7 @@
 
 use crate::backend::{Backend, Param};
 use crate::error::Error;
+use crate::inbox::millis;
 use crate::value::key::{KeyError, valid_text};
 use crate::work::observe::Labels;
 use crate::work::unit::{Entered, Entry, Plan, no_body, stages_only};
@@ -342,10 +343,6 @@ fn holder() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_default();
     let holder = format!("{host}:{}", std::process::id());
     holder.chars().take(255).collect()
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// One short unit of work on a lease's row.

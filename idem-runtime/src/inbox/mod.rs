@@ -34,6 +34,7 @@ mod stage;
 
 pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
+pub(crate) use clock::millis;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use counters::InboxCounters;
 pub use delivery::Delivery;
@@ -48,7 +49,6 @@ use crate::fault::{FaultPoint, reached};
 use crate::value::key::{KeyError, valid_text};
 use crate::work::stored::{Codec, bounded, codec};
 use crate::work::unit::{Begun, Work, begin, stages_only};
-use clock::millis;
 use counters::{Counter, Counters};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

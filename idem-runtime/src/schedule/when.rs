@@ -162,7 +162,7 @@ const DAY_OF_WEEK: Field = Field {
 impl Schedule {
     /// Every `period`, at the multiples of `period` since the Unix epoch. At least 1 ms.
     pub fn every(period: Duration) -> Result<Schedule, ScheduleError> {
-        let period = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        let period = crate::inbox::millis(period);
         if period < 1 {
             return Err(ScheduleError::TooShort);
         }
