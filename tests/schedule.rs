@@ -108,10 +108,19 @@ where
     let runs = jobs.iter().enumerate().map(|(instance, job)| {
         let pool = pool.clone();
         async move {
-            let run = job.run(&pool, |tx, occurrence| {
-                effect(tx, "job_effects", occurrence, instance as i64)
-            });
-            let _ = tokio::time::timeout(Duration::from_secs(3), run).await;
+            // Ticks until the deadline, never cancelled half way: a run dropped while its
+            // COMMIT is in flight may commit without being counted.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+            while tokio::time::Instant::now() < deadline {
+                let tick = job
+                    .tick(&pool, |tx, occurrence| {
+                        effect(tx, "job_effects", occurrence, instance as i64)
+                    })
+                    .await
+                    .unwrap();
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tokio::time::sleep(tick.wait().min(left)).await;
+            }
         }
     });
     futures_util::future::join_all(runs).await;

@@ -77,7 +77,7 @@ pub use when::{Schedule, ScheduleError};
 
 use crate::backend::{Backend, Param};
 use crate::error::Error;
-use crate::inbox::{BatchFuture, Clock};
+use crate::inbox::{BatchFuture, Clock, millis};
 use crate::outbox::EffectKey;
 use crate::value::key::valid_text;
 use crate::work::stored::bounded;
@@ -228,8 +228,11 @@ impl Job {
     /// Runs the job for ever: each due occurrence in a transaction with its body (see
     /// [`tick`](Self::tick)), sleeping until the next one by the database's clock. A
     /// failure (the body's error, the database down) is logged as a warning and the
-    /// occurrence tried again after the retry delay. Drop the future to stop; an
-    /// occurrence it was running rolls back, and another instance (or the next run) runs it.
+    /// occurrence tried again after the retry delay. Drop the future to stop: an
+    /// occurrence it was running rolls back, and another instance (or the next run) runs it;
+    /// one dropped while its COMMIT was in flight may have committed (once, and is then not
+    /// run again) without [`counters`](Self::counters) counting it. To stop between
+    /// occurrences, loop on [`tick`](Self::tick) and check your shutdown signal between ticks.
     pub async fn run<DB, T, E, F>(&self, pool: &Pool<DB>, mut handler: F) -> Infallible
     where
         DB: Backend,
@@ -390,7 +393,7 @@ impl Job {
             (None, Missed::Skip) => Some(Duration::from_secs(60)),
             (None, _) => None,
         }
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .map(millis)
     }
 
     /// [`run`](Self::run), in the leased form: each due occurrence is claimed with the job's
@@ -700,11 +703,11 @@ impl Job {
     }
 
     pub(crate) fn lease_millis(&self) -> i64 {
-        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+        millis(self.lease)
     }
 
     pub(crate) fn retry_millis(&self) -> i64 {
-        i64::try_from(self.retry_delay.as_millis()).unwrap_or(i64::MAX)
+        millis(self.retry_delay)
     }
 }
 
