@@ -467,7 +467,8 @@ fn readme_shows_the_enforcing_sql() {
 }
 
 /// The compile errors the docs quote are the ones trybuild pins: each ```text block that
-/// points into `tests/ui/fail/` is a message of that file's `.stderr`, as rustc prints it.
+/// points into `tests/ui/fail/` (as rustc prints the path, from `ui/`'s package) is a
+/// message of that file's `.stderr`, as rustc prints it.
 #[test]
 fn readme_quotes_the_compile_errors_as_pinned() {
     let readme: String = PAGES.iter().map(|(_, page)| *page).collect();
@@ -481,7 +482,7 @@ fn readme_quotes_the_compile_errors_as_pinned() {
         };
         let file = path.split(':').next().unwrap().replace(".rs", ".stderr");
         let pinned = std::fs::read_to_string(format!(
-            "{}/tests/ui/fail/{file}",
+            "{}/ui/tests/ui/fail/{file}",
             env!("CARGO_MANIFEST_DIR")
         ))
         .unwrap_or_else(|e| panic!("the docs quote tests/ui/fail/{file}: {e}"));

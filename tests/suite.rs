@@ -5,7 +5,7 @@
 //! and a callsite first hit by another test's thread while one is being set up can stay
 //! disabled for it: a span went missing so, once in a full run),
 //! `tests/pgbouncer_transaction.rs` (it sets `idem::set_postgres_statements` for its whole
-//! process) and `tests/ui.rs` (trybuild) stay binaries of their own.
+//! process) stay binaries of their own; the compile errors (trybuild) are `ui/`'s package.
 //!
 //! One file's tests: `cargo test -p idem --test suite -- http::` (its module's name).
 

@@ -3,7 +3,7 @@
 //! `.stderr`; and hygiene regressions under `tests/ui/pass/` that must keep compiling.
 //!
 //! Regenerate the snapshots after a deliberate wording change with
-//! `TRYBUILD=overwrite cargo test -p idem --test ui`, then read every changed `.stderr`.
+//! `TRYBUILD=overwrite cargo test -p idem-ui`, then read every changed `.stderr`.
 
 #[test]
 fn ui() {
