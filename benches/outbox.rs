@@ -27,6 +27,13 @@
 //!    InnoDB's purge (MariaDB: there the relay holds before each claim, so nothing is left
 //!    unheld to measure), `ANALYZE` (SQLite).
 //!
+//! 5. **Delayed messages' lateness.** `IDEM_BENCH_DUE` (default 10,000) timeouts, one per
+//!    order, due evenly within one second a few seconds after they are staged, published by
+//!    a spawned relay (batches of 100) to an acknowledging publisher that does nothing else:
+//!    each one's publication against its due time, and how many were published more than
+//!    once; with the default poll interval (1 s), on PostgreSQL with and without NOTIFY, on
+//!    MariaDB and on SQLite.
+//!
 //! Every cell runs its variants `ROUNDS` times in a fresh random order per round; tables show
 //! medians, and the median of the per-round ratios.
 //!
@@ -39,8 +46,9 @@
 //! ```
 //!
 //! `IDEM_BENCH_KEYS` (default 1000: transitions per cell) and `IDEM_BENCH_ROUNDS` (default 5)
-//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency,dead,delayed`) picks parts (`delayed`:
-//! a claim with `IDEM_BENCH_DELAYED`, default 100,000, delayed messages waiting); without a
+//! scale it; `IDEM_BENCH_PARTS` (`staging,relay,latency,dead,delayed,lateness`) picks parts
+//! (`delayed`: a claim with `IDEM_BENCH_DELAYED`, default 100,000, delayed messages waiting;
+//! `lateness`: part 5); without a
 //! URL its parts are skipped. The results are in BENCHMARKS.md.
 
 #[path = "support/chart.rs"]
@@ -57,7 +65,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
 #[machine(
@@ -724,6 +732,74 @@ async fn latencies(pool: &sqlx::PgPool, broker: &Broker, listen: bool, poll: Dur
     ms
 }
 
+/// Records when each message was published, on the wall clock its due time is on.
+#[derive(Clone, Default)]
+struct Stamped(Arc<Mutex<HashMap<String, Vec<SystemTime>>>>);
+
+impl Publisher for Stamped {
+    async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
+        let now = SystemTime::now();
+        let mut seen = self.0.lock().unwrap();
+        seen.entry(message.id().to_owned()).or_default().push(now);
+        Ok(Published::Acked)
+    }
+}
+
+/// Part 5: `count` timeouts due evenly within one second, staged ahead of it, published by
+/// a spawned relay: each one's lateness against its due time (ms, sorted; negative if
+/// early), and how many were published more than once.
+async fn lateness<DB: idem::Backend>(
+    pool: &sqlx::Pool<DB>,
+    count: usize,
+    listen: bool,
+) -> (Vec<f64>, usize) {
+    let stamped = Stamped::default();
+    let relay = Relay::new(pool.clone(), stamped.clone())
+        .notifications(listen)
+        .spawn()
+        .unwrap();
+    let run = unique();
+    let lead = Duration::from_secs(6);
+    let first = SystemTime::now() + lead;
+    let mut due = HashMap::new();
+    let indexes: Vec<usize> = (0..count).collect();
+    for chunk in indexes.chunks(500) {
+        let mut tx = pool.begin().await.unwrap();
+        for &i in chunk {
+            let at = first + Duration::from_micros((1_000_000 * i / count) as u64);
+            let id = format!("timeout-{run}-{i}");
+            let message = Message::json("orders.timeout", &i)
+                .id(id.clone())
+                .ordering_key(format!("order-{run}-{i}"))
+                .deliver_at(at);
+            outbox::stage(&mut tx, message).await.unwrap();
+            due.insert(id, at);
+        }
+        tx.commit().await.unwrap();
+    }
+    assert!(
+        SystemTime::now() < first,
+        "staging {count} messages took longer than {lead:?}: lateness would not be measured"
+    );
+    let deadline = Instant::now() + lead + Duration::from_secs(60);
+    while stamped.0.lock().unwrap().len() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    relay.stop().await;
+    let seen = stamped.0.lock().unwrap();
+    assert_eq!(seen.len(), count, "messages not published within a minute");
+    let twice = seen.values().filter(|at| at.len() > 1).count();
+    let mut ms: Vec<f64> = seen
+        .iter()
+        .map(|(id, at)| match at[0].duration_since(due[id]) {
+            Ok(late) => late.as_secs_f64() * 1000.0,
+            Err(early) => -early.duration().as_secs_f64() * 1000.0,
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    (ms, twice)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -899,7 +975,7 @@ async fn main() {
     idem::migrate(&sqlite).await.unwrap();
 
     let parts = std::env::var("IDEM_BENCH_PARTS")
-        .unwrap_or_else(|_| "staging,relay,latency,dead,delayed".into());
+        .unwrap_or_else(|_| "staging,relay,latency,dead,delayed,lateness".into());
     let part = |name: &str| parts.split(',').any(|p| p == name);
     if part("staging") {
         println!("## Staging one message ({keys} transitions a cell, {rounds} rounds)\n");
@@ -1079,6 +1155,54 @@ async fn main() {
             "ANALYZE idem_outbox"
         );
         println!("{row}");
+    }
+    if part("lateness") {
+        let count = env_usize("IDEM_BENCH_DUE", 10_000);
+        println!(
+            "\n## {count} delayed messages due within one second: publication against due time\n"
+        );
+        println!("| database, wake-up | p50 ms | p99 ms | max ms | min ms | published twice |");
+        println!("|---|---|---|---|---|---|");
+        let row = |name: &str, (ms, twice): (Vec<f64>, usize)| {
+            format!(
+                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {twice} |",
+                percentile(&ms, 0.5),
+                percentile(&ms, 0.99),
+                ms.last().copied().unwrap_or(0.0),
+                ms.first().copied().unwrap_or(0.0),
+            )
+        };
+        if let Some(pool) = &postgres {
+            sqlx::query("DELETE FROM idem_outbox")
+                .execute(pool)
+                .await
+                .unwrap();
+            let notified = lateness(pool, count, true).await;
+            println!("{}", row("PostgreSQL, NOTIFY", notified));
+            let polled = lateness(pool, count, false).await;
+            println!("{}", row("PostgreSQL, polling", polled));
+        }
+        if let Some(pool) = &mysql {
+            sqlx::query("DELETE FROM idem_outbox")
+                .execute(pool)
+                .await
+                .unwrap();
+            println!(
+                "{}",
+                row("MariaDB, polling", lateness(pool, count, false).await)
+            );
+        }
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&sqlite)
+            .await
+            .unwrap();
+        println!(
+            "{}",
+            row(
+                "SQLite (file), polling",
+                lateness(&sqlite, count, false).await
+            )
+        );
     }
     cleanup(&brokers).await;
     for suffix in ["", "-wal", "-shm"] {

@@ -99,10 +99,12 @@ where
     assert_eq!(third.fence(), fence + 2);
     third.release().await.unwrap();
 
-    // A holder paused past its ttl: its runtime blocked, its keep-alive with it.
+    // A holder paused past its ttl: its runtime blocked, its keep-alive with it. It has a
+    // pool of its own: a connection opened on its runtime dies with it, and must not be
+    // left in the pool the rest of the test uses.
     let (taken, take) = std::sync::mpsc::channel::<i64>();
     let (wrote, late) = std::sync::mpsc::channel::<(bool, bool, bool)>();
-    let holder_pool = pool.clone();
+    let holder_options = (*pool.connect_options()).clone();
     let holder_name = name.clone();
     let holder = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -110,6 +112,11 @@ where
             .build()
             .unwrap();
         runtime.block_on(async move {
+            let holder_pool = sqlx::pool::PoolOptions::<DB>::new()
+                .max_connections(2)
+                .connect_with(holder_options)
+                .await
+                .unwrap();
             let lease = Lease::acquire(&holder_pool, &holder_name, ttl)
                 .await
                 .unwrap()

@@ -9,7 +9,9 @@
 //! - cancelled in a later transaction, it is never published; a cancel of a published
 //!   message, of a cancelled one or of an unknown id says `false`, and a cancel rolled back
 //!   cancels nothing;
-//! - a delay over 100 years is refused at staging, saying so.
+//! - a delay over 100 years is refused at staging, saying so;
+//! - an idle spawned relay wakes when a delayed message comes due, not a poll interval
+//!   (an hour here) later, notified or not.
 
 use crate::common;
 use idem::outbox::{
@@ -144,6 +146,63 @@ where
         panic!("{refused:?}");
     };
     assert!(problem.contains("100 years"), "{problem}");
+}
+
+/// A spawned relay polling once an hour publishes a message delayed by `DUE` when it comes
+/// due (woken by nothing else: staged before the relay starts, the notification is gone).
+async fn woken_when_due<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
+    const DUE: Duration = Duration::from_millis(1500);
+    idem::migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let message = Message::json("orders", &1)
+        .id("due-soon")
+        .deliver_after(DUE);
+    outbox::stage(&mut tx, message).await.unwrap();
+    tx.commit().await.unwrap();
+    let staged = Instant::now();
+    let ids = Ids::default();
+    let relay = Relay::new(pool.clone(), ids.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .spawn()
+        .unwrap();
+    let deadline = staged + Duration::from_secs(30);
+    while ids.seen().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = staged.elapsed();
+    relay.stop().await;
+    assert_eq!(
+        ids.seen(),
+        ["due-soon"],
+        "the relay slept its poll interval past the message's time"
+    );
+    // The database's clock and this process's tick at the same rate: not before its time.
+    assert!(
+        took >= DUE - Duration::from_millis(50),
+        "published early: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_wakes_when_due_sqlite() {
+    woken_when_due(common::sqlite_file(&format!("outbox-due-{}", common::next_id()), 2).await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_wakes_when_due_postgres() {
+    let Some(pool) = common::postgres("outbox_due", 4).await else {
+        return;
+    };
+    woken_when_due(pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_wakes_when_due_mysql() {
+    let Some(pool) = common::mysql("outbox_due", 4).await else {
+        return;
+    };
+    woken_when_due(pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

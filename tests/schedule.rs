@@ -428,6 +428,26 @@ async fn a_dead_runner_is_taken_over_and_its_late_completion_refused_mysql() {
     leased(pool).await;
 }
 
+/// A body in progress, counted in `running` until it ends or is dropped.
+struct Running {
+    running: Arc<AtomicUsize>,
+    /// How many ran with it when it entered (itself included).
+    now: usize,
+}
+
+impl Running {
+    fn enter(running: Arc<AtomicUsize>) -> Running {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        Running { running, now }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn dense<DB: idem::Backend>(pool: Pool<DB>)
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -445,10 +465,13 @@ where
             let run = job.run(&pool, move |_, _| {
                 let (running, most) = (running.clone(), most.clone());
                 Box::pin(async move {
-                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
+                    // Counted out when the body ends, or is dropped: the timeout below
+                    // cancels a run in the middle of its body (its transaction then rolls
+                    // back), and the other instance may run the next body at once.
+                    let body = Running::enter(running);
+                    most.fetch_max(body.now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    running.fetch_sub(1, Ordering::SeqCst);
+                    drop(body);
                     Ok::<_, sqlx::Error>(())
                 })
             });

@@ -262,6 +262,14 @@ pub const DEAD: &str = "SELECT seq, id, ordering_key, destination, routing_key, 
     last_error, created_at, dead_at \
     FROM idem_outbox WHERE published_at IS NULL AND dead_at <> 0 ORDER BY seq LIMIT $1";
 
+/// How many milliseconds until the next live message not due yet comes due (a delayed
+/// message, or a failed one's next attempt), by the database's clock; NULL when there is
+/// none. The first entry after now of `idem_outbox_due_at`: an idle relay sleeps until then
+/// rather than a whole poll interval.
+pub const NEXT_DUE: &str = "SELECT MIN(o.next_attempt_at) - {now} AS wait \
+    FROM idem_outbox o {indexed_due} \
+    WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at > {now}";
+
 /// How many messages are unpublished (dead and held ones included), how many of them are
 /// dead, how many are held behind a dead one, and the age in milliseconds of the oldest
 /// unpublished one (NULL for none).
@@ -340,6 +348,8 @@ pub struct OutboxSql {
     pub dead: String,
     /// [`BACKLOG`].
     pub backlog: String,
+    /// [`NEXT_DUE`].
+    pub next_due: String,
     /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
     pub purge: String,
     /// [`HOLD`].
@@ -427,6 +437,7 @@ impl OutboxSql {
             cancel: spell(CANCEL),
             dead: DEAD.to_owned(),
             backlog: spell(BACKLOG),
+            next_due: spell(NEXT_DUE),
             purge: spell(match dialect {
                 Dialect::Postgres => PURGE_POSTGRES,
                 Dialect::Sqlite => PURGE_SQLITE,

@@ -185,9 +185,10 @@ impl Message {
     /// timeout ("cancel the order if still unpaid at …"), a reminder. An instant already
     /// past is due at once. Until it is due it holds back nothing: the messages staged after
     /// it under its ordering key go on, and it takes its place in its key's order when it
-    /// is due (a message that failed holds its key back through its retries, as ever). The
-    /// relay publishes it at its first claim after that instant (its poll interval, or a
-    /// notification, later). Cancel it before then with [`cancel`](super::cancel).
+    /// is due (a message that failed holds its key back through its retries, as ever). A
+    /// spawned relay publishes it then: idle, it sleeps until the next message comes due,
+    /// by the database's clock, if that is before its poll interval ends. Cancel it before
+    /// then with [`cancel`](super::cancel).
     ///
     /// ```
     /// use idem::outbox::Message;

@@ -176,6 +176,21 @@ pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Erro
     })
 }
 
+/// How long until the next live message not due yet comes due (a delayed message, or a
+/// failed one's next attempt), by the database's clock: `None` when there is none.
+pub(crate) async fn next_due<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Option<Duration>, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let row = DB::fetch(conn, &sql.next_due, &[]).await?;
+    opened.end(true).await?;
+    Ok(row
+        .and_then(|row| row.int("wait"))
+        .map(|ms| Duration::from_millis(ms.max(0) as u64)))
+}
+
 /// A dead message: it used all its attempts, and holds back its ordering key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadMessage {

@@ -238,7 +238,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// How often a spawned relay looks for messages when it was not woken (PostgreSQL
-    /// notifies it when a message commits; elsewhere this is its only wake-up).
+    /// notifies it when a message commits; a delayed message, or a failed one's next
+    /// attempt, wakes it when it comes due).
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll = every.max(Duration::from_millis(1));
         self
@@ -417,8 +418,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// Runs the relay until `stop` completes: batch after batch while there is work, then
-    /// waiting for a notification (PostgreSQL, with the feature `postgres`) or the poll
-    /// interval; once a minute, busy or not, purging published messages past the retention,
+    /// waiting for a notification (PostgreSQL, with the feature `postgres`), the poll
+    /// interval, or the time the next delayed message (or failed message's next attempt)
+    /// comes due by the database's clock, whichever comes first; once a minute, busy or not, purging published messages past the retention,
     /// holding what staging left unheld behind a dead message, and releasing what is held
     /// behind none. Database errors are logged and waited out, never the end of it.
     pub async fn run(self, stop: impl Future<Output = ()>) {
@@ -443,9 +445,23 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 }
                 continue;
             }
-            let waited = first_of(stop.as_mut(), wake.wait(self.poll)).await;
+            let pause = self.pause().await;
+            let waited = first_of(stop.as_mut(), wake.wait(pause)).await;
             if waited.is_left() {
                 return;
+            }
+        }
+    }
+
+    /// How long an idle relay waits: the poll interval, or less when a message comes due
+    /// before it (then a millisecond past its time, so that the claim's now has reached it).
+    async fn pause(&self) -> Duration {
+        match super::next_due(&self.pool).await {
+            Ok(Some(due)) => self.poll.min(due + Duration::from_millis(1)),
+            Ok(None) => self.poll,
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: the outbox relay could not read when the next message is due; it polls");
+                self.poll
             }
         }
     }
