@@ -13,6 +13,8 @@
 //!   ends, with a higher fence, and its late completion is refused;
 //! - a body slower than its schedule: occurrences never overlap, and the ones that came due
 //!   while one ran are skipped and counted;
+//! - an instance whose session bounds its lock waits, meeting an occurrence that runs
+//!   elsewhere past that bound, answers `Elsewhere`: no error, no second run;
 //! - a job name too long is refused at definition.
 
 use crate::common;
@@ -207,6 +209,103 @@ where
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// Instance A runs occurrence 0 with a body that holds its transaction for two seconds;
+/// instance B, on `bounded` (a pool whose sessions wait at most a moment for a lock),
+/// ticks meanwhile: it reads the row without waiting, waits for A's lock only that
+/// moment, and answers `Elsewhere`.
+async fn lock_wait<DB: idem::Backend>(pool: Pool<DB>, bounded: Pool<DB>)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    idem::migrate(&pool).await.unwrap();
+    let (clock, a) = clocked("lock-wait", Missed::RunLatest);
+    let b = Job::new(a.name(), Schedule::every(MINUTE).unwrap())
+        .unwrap()
+        .clock(clock.clone());
+    let (started, running) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            a.tick(&pool, move |_, occurrence| {
+                let at = occurrence.at_millis();
+                Box::pin(async move {
+                    started.send(()).unwrap();
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    Ok::<_, sqlx::Error>(at)
+                })
+            })
+            .await
+            .map(|tick| tick.ran().map(|(_, at)| *at))
+        }
+    });
+    running.await.unwrap();
+    let ran_here = Arc::new(AtomicUsize::new(0));
+    let second = b
+        .tick(&bounded, {
+            let ran_here = ran_here.clone();
+            move |_, _| {
+                ran_here.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok::<_, sqlx::Error>(()) })
+            }
+        })
+        .await;
+    assert_eq!(
+        ran_here.load(Ordering::SeqCst),
+        0,
+        "B ran it while A runs it"
+    );
+    match second {
+        Ok(tick) => assert!(matches!(tick.outcome, Outcome::Elsewhere), "{tick:?}"),
+        Err(e) => panic!("a wait past the session's lock timeout is an error: {e}"),
+    }
+    assert_eq!(first.await.unwrap().unwrap(), Some(1_800_000_000_000));
+    let after = b
+        .tick(&bounded, |_, _| {
+            Box::pin(async { Ok::<_, sqlx::Error>(()) })
+        })
+        .await
+        .unwrap();
+    assert!(matches!(after.outcome, Outcome::NotDue { .. }), "{after:?}");
+    assert_eq!(b.counters().ran, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_the_lock_timeout_is_elsewhere_postgres() {
+    let Some(pool) = common::postgres("schedule_lock_wait", 2).await else {
+        return;
+    };
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("lock_timeout", "300")]);
+    let bounded = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    lock_wait(pool, bounded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_the_lock_timeout_is_elsewhere_mysql() {
+    let Some(pool) = common::mysql("schedule_lock_wait", 2).await else {
+        return;
+    };
+    let bounded = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    lock_wait(pool, bounded).await;
 }
 
 async fn missed<DB: idem::Backend>(pool: Pool<DB>)

@@ -262,13 +262,16 @@ pub const DEAD: &str = "SELECT seq, id, ordering_key, destination, routing_key, 
     last_error, created_at, dead_at \
     FROM idem_outbox WHERE published_at IS NULL AND dead_at <> 0 ORDER BY seq LIMIT $1";
 
-/// How many milliseconds until the next live message not due yet comes due (a delayed
-/// message, or a failed one's next attempt), by the database's clock; NULL when there is
-/// none. The first entry after now of `idem_outbox_due_at`: an idle relay sleeps until then
-/// rather than a whole poll interval.
+/// How many milliseconds until the next live message comes due (a delayed message, or a
+/// failed one's next attempt), by the database's clock, among those that came due less
+/// than `$1` milliseconds ago or later; NULL when there is none. An idle relay sleeps
+/// until then rather than a whole poll interval; `$1` is the time since its last claim
+/// began, so that a message that came due after that claim's now is found (its wait is
+/// then negative: claim again at once), and one due before it, which the claim passed over
+/// (behind its key's head), is not. One probe of `idem_outbox_due_at`.
 pub const NEXT_DUE: &str = "SELECT MIN(o.next_attempt_at) - {now} AS wait \
     FROM idem_outbox o {indexed_due} \
-    WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at > {now}";
+    WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at > {now} - $1";
 
 /// How many messages are unpublished (dead and held ones included), how many of them are
 /// dead, how many are held behind a dead one, and the age in milliseconds of the oldest

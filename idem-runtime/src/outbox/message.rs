@@ -200,7 +200,8 @@ impl Message {
     /// ```
     pub fn deliver_at(mut self, at: std::time::SystemTime) -> Message {
         let millis = match at.duration_since(std::time::UNIX_EPOCH) {
-            Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+            // Due times are whole milliseconds: rounded up, never before `at`.
+            Ok(since) => i64::try_from(since.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX),
             // Before the epoch: past, due at once.
             Err(_) => 0,
         };
@@ -221,7 +222,8 @@ impl Message {
     /// # let _ = timeout;
     /// ```
     pub fn deliver_after(mut self, delay: std::time::Duration) -> Message {
-        let millis = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        // Rounded up to whole milliseconds, as a due time is.
+        let millis = i64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
         self.due = Some(Due::After(millis));
         self
     }
@@ -336,6 +338,23 @@ mod tests {
             Err(OutboxError::InvalidMessage(problem)) => problem,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_due_time_is_never_before_the_instant_asked() {
+        let at = |nanos: u64| match Message::json("a", &1)
+            .deliver_at(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
+            .due
+        {
+            Some(Due::At(millis)) => millis,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(at(1_000_000_000), 1000);
+        assert_eq!(at(1_000_000_001), 1001);
+        assert_eq!(at(1_000_999_999), 1001);
+        assert_eq!(at(0), 0);
+        let after = Message::json("a", &1).deliver_after(std::time::Duration::from_micros(1500));
+        assert_eq!(after.due, Some(Due::After(2)));
     }
 
     #[test]

@@ -176,15 +176,21 @@ pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Erro
     })
 }
 
-/// How long until the next live message not due yet comes due (a delayed message, or a
-/// failed one's next attempt), by the database's clock: `None` when there is none.
+/// How long until the next live message comes due (a delayed message, or a failed one's
+/// next attempt) by the database's clock, among those that came due `since` ago or later
+/// (zero for one due already): `None` when there is none.
 pub(crate) async fn next_due<DB: Backend>(
     pool: &Pool<DB>,
+    since: Duration,
 ) -> Result<Option<Duration>, sqlx::Error> {
     let mut opened = Opened::read(pool).await?;
     let conn = opened.connection();
     let sql = DB::dialect(conn)?.outbox();
-    let row = DB::fetch(conn, &sql.next_due, &[]).await?;
+    // Whole milliseconds, as the database's now is, rounded up with one more: a claim and
+    // this read within the same millisecond, or across one tick of it, still overlap.
+    let since = i64::try_from(since.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
+    let since = Param::Int(since.saturating_add(1));
+    let row = DB::fetch(conn, &sql.next_due, &[since]).await?;
     opened.end(true).await?;
     Ok(row
         .and_then(|row| row.int("wait"))

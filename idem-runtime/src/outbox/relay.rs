@@ -428,6 +428,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let mut wake = Wake::listen(&self.pool, self.notifications).await;
         let mut last_purge: Option<Instant> = None;
         loop {
+            let began = Instant::now();
             let more = match self.run_once().await {
                 Ok(relayed) => relayed.claimed > 0 && relayed.claimed >= self.batch as usize,
                 Err(e) => {
@@ -445,7 +446,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 }
                 continue;
             }
-            let pause = self.pause().await;
+            let pause = self.pause(began.elapsed()).await;
             let waited = first_of(stop.as_mut(), wake.wait(pause)).await;
             if waited.is_left() {
                 return;
@@ -453,10 +454,12 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
-    /// How long an idle relay waits: the poll interval, or less when a message comes due
-    /// before it (then a millisecond past its time, so that the claim's now has reached it).
-    async fn pause(&self) -> Duration {
-        match super::next_due(&self.pool).await {
+    /// How long an idle relay waits, its last claim begun `since` ago: the poll interval, or
+    /// less when a message comes due before it ends (then a millisecond past its time, so
+    /// that the claim's now has reached it), or none for one that came due after that
+    /// claim read its now.
+    async fn pause(&self, since: Duration) -> Duration {
+        match super::next_due(&self.pool, since).await {
             Ok(Some(due)) => self.poll.min(due + Duration::from_millis(1)),
             Ok(None) => self.poll,
             Err(e) => {

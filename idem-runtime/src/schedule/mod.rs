@@ -252,6 +252,13 @@ impl Job {
     /// `handler` in the transaction that records it. [`Tick::wait`] says how long until there
     /// may be more to do.
     ///
+    /// While another instance runs the occurrence, recording it waits for that instance's
+    /// transaction (the job's row is locked until it commits), then finds it recorded:
+    /// [`Outcome::Elsewhere`]. The session's lock timeout bounds the wait (PostgreSQL's
+    /// `lock_timeout`, MySQL's `innodb_lock_wait_timeout`); a wait past it is `Elsewhere`
+    /// too, not an error. Reading the job's row never waits. Bodies that run for minutes
+    /// belong in [`run_leased`](Self::run_leased), whose claims never wait for a body.
+    ///
     /// `Err(Error::Handler(e))` when the body failed: its transaction rolled back, and the
     /// occurrence is tried again after the retry delay.
     pub async fn tick<DB, T, E, F>(&self, pool: &Pool<DB>, handler: F) -> Result<Tick<T>, Error<E>>
@@ -554,10 +561,24 @@ impl Job {
     async fn decide<DB: Backend>(&self, pool: &Pool<DB>) -> Result<Decided, Error<Infallible>> {
         let read = Step {
             job: self,
-            op: Op::Read { first: NEW },
+            op: Op::Read,
         };
-        let Did::Read(row) = stages_only(pool, &read).await? else {
-            unreachable!("a read reads");
+        let row = match stages_only(pool, &read).await? {
+            Did::Read(Some(row)) => row,
+            _ => {
+                // First use: the row is made in a transaction of its own and read in
+                // another (on MySQL's REPEATABLE READ, a read in the insert's transaction
+                // after a read that found none would still find none).
+                let ensure = Step {
+                    job: self,
+                    op: Op::Ensure { first: NEW },
+                };
+                stages_only(pool, &ensure).await?;
+                match stages_only(pool, &read).await? {
+                    Did::Read(Some(row)) => row,
+                    _ => return Err(read.corrupt("missing")),
+                }
+            }
         };
         let now = row.now;
         if let Some(until) = row.lease_until.filter(|until| *until > now) {

@@ -3,7 +3,7 @@
 //! occurrence's stage, which records the occurrence in the transaction of its body.
 
 use super::{Job, Occurrence};
-use crate::backend::{Backend, Param};
+use crate::backend::{Backend, Param, is_lock_timeout};
 use crate::error::Error;
 use crate::work::observe::Labels;
 use crate::work::unit::{Entered, Entry, Kept, Plan, no_body};
@@ -29,8 +29,13 @@ pub(crate) struct Step<'a> {
 }
 
 pub(crate) enum Op<'a> {
-    /// Makes the row (first occurrence `first`) if missing, and reads it.
-    Read { first: i64 },
+    /// Reads the row, if there is one. A plain read: it never waits for the lock an
+    /// occurrence running elsewhere holds on the row.
+    Read,
+    /// Makes the row (first occurrence `first`) if missing. An insert that meets the row
+    /// waits for that lock (PostgreSQL's ON CONFLICT and MySQL's ON DUPLICATE KEY alike):
+    /// only on first use, after a read found none.
+    Ensure { first: i64 },
     /// Moves the first occurrence not yet run from `from` to `to`.
     Skip { from: i64, to: i64 },
     /// A failed attempt of a transactional occurrence at cursor `cursor`.
@@ -52,7 +57,7 @@ pub(crate) enum Op<'a> {
 
 /// What a step did.
 pub(crate) enum Did {
-    Read(Row),
+    Read(Option<Row>),
     /// The statement changed the row (`true`), or found it moved on (`false`).
     Changed(bool),
     /// A claim: the row after it, if it was this instance's.
@@ -75,9 +80,10 @@ impl<DB: Backend> Plan<DB> for Step<'_> {
         let lease = Param::Int(self.job.lease_millis());
         let retry = Param::Int(self.job.retry_millis());
         let did = match self.op {
-            Op::Read { first } => {
-                DB::execute(tx, &sql.job_ensure, &[job, Param::Int(first), now]).await?;
-                Did::Read(self.read::<DB>(tx).await?)
+            Op::Read => Did::Read(self.fetch::<DB>(tx).await?),
+            Op::Ensure { first } => {
+                let params = [job, Param::Int(first), now];
+                Did::Changed(DB::execute(tx, &sql.job_ensure, &params).await? == 1)
             }
             Op::Skip { from, to } => {
                 let params = [job, Param::Int(from), Param::Int(to), now];
@@ -148,7 +154,25 @@ impl<DB: Backend> Plan<DB> for Step<'_> {
 }
 
 impl Step<'_> {
+    /// The job's row, which must be there.
     async fn read<DB: Backend>(&self, tx: &mut DB::Connection) -> Result<Row, Error<Infallible>> {
+        let row = self.fetch::<DB>(tx).await?;
+        row.ok_or_else(|| self.corrupt("missing"))
+    }
+
+    pub(crate) fn corrupt(&self, problem: &str) -> Error<Infallible> {
+        Error::CorruptRecord {
+            group: self.job.label.clone(),
+            key: String::new(),
+            problem: format!("the job's row in idem_jobs is {problem}"),
+        }
+    }
+
+    /// The job's row, if there is one.
+    async fn fetch<DB: Backend>(
+        &self,
+        tx: &mut DB::Connection,
+    ) -> Result<Option<Row>, Error<Infallible>> {
         let sql = DB::dialect(tx)?.leases();
         let row = DB::fetch(
             tx,
@@ -156,20 +180,18 @@ impl Step<'_> {
             &[Param::Text(&self.job.name), self.job.at()],
         )
         .await?;
-        let corrupt = || Error::CorruptRecord {
-            group: self.job.label.clone(),
-            key: String::new(),
-            problem: "the job's row in idem_jobs is missing or has NULL columns".to_owned(),
+        let Some(row) = row else {
+            return Ok(None);
         };
-        let row = row.ok_or_else(corrupt)?;
-        Ok(Row {
+        let corrupt = || self.corrupt("with NULL columns");
+        Ok(Some(Row {
             next_at: row.int("next_at").ok_or_else(corrupt)?,
             fence: row.int("fence").ok_or_else(corrupt)?,
             running_at: row.int("running_at"),
             lease_until: row.int("lease_until"),
             attempts: row.int("attempts").ok_or_else(corrupt)?,
             now: row.int("now").ok_or_else(corrupt)?,
-        })
+        }))
     }
 }
 
@@ -236,15 +258,22 @@ impl<'a, DB: Backend, T: Serialize> Plan<DB> for OccurrencePlan<'a, T> {
             Param::Int(self.occurrence.at_millis),
             Param::Int(self.until),
         ];
-        if DB::execute(tx, &sql.job_occur, &params).await? == 1 {
-            Ok(Entered::Run(Recorded {
+        match DB::execute(tx, &sql.job_occur, &params).await {
+            Ok(1) => Ok(Entered::Run(Recorded {
                 job: &self.job.name,
-            }))
-        } else {
-            Ok(Entered::Done {
+            })),
+            // Recorded elsewhere, or the job moved on; or an occurrence running elsewhere
+            // holds the row past the session's lock timeout (PostgreSQL's `lock_timeout`,
+            // MySQL's `innodb_lock_wait_timeout`): not this instance's to run either way.
+            Ok(_) => Ok(Entered::Done {
                 reply: Err(NotRun::Elsewhere),
                 commit: false,
-            })
+            }),
+            Err(e) if is_lock_timeout(&e) => Ok(Entered::Done {
+                reply: Err(NotRun::Elsewhere),
+                commit: false,
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 
