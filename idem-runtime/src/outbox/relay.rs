@@ -420,9 +420,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// Runs the relay until `stop` completes: batch after batch while there is work, then
     /// waiting for a notification (PostgreSQL, with the feature `postgres`), the poll
     /// interval, or the time the next delayed message (or failed message's next attempt)
-    /// comes due by the database's clock, whichever comes first; once a minute, busy or not, purging published messages past the retention,
-    /// holding what staging left unheld behind a dead message, and releasing what is held
-    /// behind none. Database errors are logged and waited out, never the end of it.
+    /// comes due by the database's clock, whichever comes first; once a minute, busy or
+    /// not, purging published messages past the retention, holding what staging left
+    /// unheld behind a dead message, and releasing what is held behind none. Database
+    /// errors are logged and waited out, never the end of it.
     pub async fn run(self, stop: impl Future<Output = ()>) {
         let mut stop = pin!(stop);
         let mut wake = Wake::listen(&self.pool, self.notifications).await;
