@@ -31,6 +31,7 @@ mod proxy;
 #[path = "common/redis.rs"]
 mod redis_server;
 
+mod alerts;
 mod ambiguous_commit;
 mod batches;
 mod cache;
