@@ -1,11 +1,14 @@
-//! The Prometheus alert rules shipped in `ops/prometheus/`:
+//! The Prometheus alert rules shipped in `ops/prometheus/` and the Grafana dashboard in
+//! `ops/grafana/`:
 //!
 //! - every metric their expressions read is one idem emits (a metric renamed in the
-//!   runtime and not in the rules fails here, before an alert goes silent in production);
-//! - `promtool check rules` accepts them and `promtool test rules` passes their unit tests
-//!   (`idem-alerts.test.yml`: series shaped as idem's exporter writes them). promtool comes
-//!   with Debian's `prometheus`; without it the test is skipped, unless
-//!   `IDEM_TEST_REQUIRE_SERVERS=1` (CI), which makes it a failure.
+//!   runtime and not in them fails here, before an alert goes silent or a chart empty in
+//!   production), and the dashboard charts every metric idem emits;
+//! - `promtool check rules` accepts the rules and `promtool test rules` passes their unit
+//!   tests (`idem-alerts.test.yml`: series shaped as idem's exporter writes them), and every
+//!   query of the dashboard parses as PromQL. promtool comes with Debian's `prometheus`;
+//!   without it those tests are skipped, unless `IDEM_TEST_REQUIRE_SERVERS=1` (CI), which
+//!   makes it a failure.
 
 use crate::common;
 use std::collections::BTreeSet;
@@ -100,6 +103,49 @@ fn the_alert_rules_read_only_metrics_idem_emits() {
     );
 }
 
+/// The dashboard's queries, with Grafana's `$__rate_interval` as a plain range.
+fn dashboard_queries() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/grafana/idem-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            queries.push(expr.replace("$__rate_interval", "5m"));
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_dashboard_charts_every_metric_idem_emits_and_no_other() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 10, "{queries:?}");
+    let charted: BTreeSet<String> = queries
+        .iter()
+        .flat_map(|query| idem_names(query).collect::<Vec<_>>())
+        .map(|name| {
+            // A histogram's (or summary's) series.
+            ["_sum", "_count", "_bucket"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .map_or(name.clone(), str::to_owned)
+        })
+        .collect();
+    let emitted = metrics_emitted();
+    let unknown: Vec<_> = charted.difference(&emitted).collect();
+    assert!(
+        unknown.is_empty(),
+        "ops/grafana/idem-dashboard.json charts metrics idem does not emit: {unknown:?}"
+    );
+    let missing: Vec<_> = emitted.difference(&charted).collect();
+    assert!(
+        missing.is_empty(),
+        "ops/grafana/idem-dashboard.json does not chart {missing:?}"
+    );
+}
+
 /// promtool, or `None` (skipped) when it is missing and servers are optional.
 fn promtool() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -142,4 +188,32 @@ fn the_alert_rules_pass_promtool() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn the_dashboards_queries_parse() {
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    // As recording rules, which promtool parses.
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, query) in dashboard_queries().iter().enumerate() {
+        rules.push_str(&format!(
+            "      - record: idem:dashboard_query_{i}\n        expr: {}\n",
+            serde_json::to_string(query).unwrap()
+        ));
+    }
+    let file = common::scratch_file("dashboard-queries.yml");
+    std::fs::write(&file, rules).unwrap();
+    let out = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "a query of ops/grafana/idem-dashboard.json does not parse:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
