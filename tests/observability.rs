@@ -165,17 +165,11 @@ impl metrics::Recorder for Counters {
     ) {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let cell = self.0.lock().unwrap().entry(name).or_default().clone();
-        metrics::Counter::from_arc(Arc::new(Cell(cell)))
+        metrics::Counter::from_arc(Arc::new(Cell(self.cell(key))))
     }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
+    /// A gauge's value is kept as the bits of its `f64`; read with [`Counters::gauge`].
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(Arc::new(Cell(self.cell(key))))
     }
     fn register_histogram(
         &self,
@@ -186,7 +180,38 @@ impl metrics::Recorder for Counters {
     }
 }
 
+impl metrics::GaugeFn for Cell {
+    fn increment(&self, value: f64) {
+        let now = f64::from_bits(self.0.load(Ordering::Relaxed));
+        self.0.store((now + value).to_bits(), Ordering::Relaxed);
+    }
+    fn decrement(&self, value: f64) {
+        self.increment(-value);
+    }
+    fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
+}
+
 impl Counters {
+    /// The cell of the series `name{label=value,…}` (labels sorted).
+    fn cell(&self, key: &metrics::Key) -> Arc<AtomicU64> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        self.0.lock().unwrap().entry(name).or_default().clone()
+    }
+
+    fn gauge(&self, name: &str) -> Option<f64> {
+        let cells = self.0.lock().unwrap();
+        cells
+            .get(name)
+            .map(|cell| f64::from_bits(cell.load(Ordering::Relaxed)))
+    }
+
     fn get(&self, name: &str) -> u64 {
         self.0
             .lock()
@@ -311,9 +336,17 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
             0,
             "leases still running"
         );
+        assert_eq!(
+            counters.gauge("idem_inbox_stuck{consumer_group=payouts}"),
+            Some(0.0)
+        );
         clock.advance(Duration::from_secs(31));
         let stuck = inbox.stuck(&pool).await.unwrap();
         assert_eq!(stuck.count, 3);
+        assert_eq!(
+            counters.gauge("idem_inbox_stuck{consumer_group=payouts}"),
+            Some(3.0)
+        );
         assert_eq!(stuck.oldest_lease_until_millis, Some(1_030_000));
         // A redelivery takes one over, and completes it.
         let key = MessageKey::new("payout:0").unwrap();
@@ -321,6 +354,10 @@ fn expired_leases_are_counted_as_stuck_and_takeovers_reach_the_recorder() {
             panic!("an expired lease is taken over");
         };
         assert_eq!(inbox.stuck(&pool).await.unwrap().count, 2);
+        assert_eq!(
+            counters.gauge("idem_inbox_stuck{consumer_group=payouts}"),
+            Some(2.0)
+        );
         let lease = lease;
         assert!(lease.extend(&pool, Duration::from_secs(60)).await.unwrap());
         let done = lease.complete(&pool, Ok::<_, String>(7)).await.unwrap();

@@ -367,8 +367,9 @@ impl Inbox {
 
     /// The records of this group stuck in PROCESSING past their lease: a leased attempt
     /// whose worker died (or hangs) and whose message the broker has not redelivered yet. A
-    /// redelivery takes each over; until then, nothing moves. Export it as a gauge and alert
-    /// when it stays above zero.
+    /// redelivery takes each over; until then, nothing moves. With the feature `metrics` it
+    /// sets the gauge `idem_inbox_stuck{consumer_group}` to the count it read (the sweeper
+    /// reads it at each tick): alert when it stays above zero.
     pub async fn stuck<DB: Backend>(&self, pool: &Pool<DB>) -> Result<Stuck, sqlx::Error> {
         let mut opened = Opened::read(pool).await?;
         let conn = opened.connection();
@@ -378,13 +379,16 @@ impl Inbox {
             .await?
             .unwrap_or_default();
         opened.end(true).await?;
-        Ok(Stuck {
+        let stuck = Stuck {
             count: row.int("stuck").map_or(0, |n| n.max(0) as u64),
             oldest_lease_until_millis: row.int("oldest"),
-        })
+        };
+        crate::work::observe::inbox_stuck(&self.group, stuck.count);
+        Ok(stuck)
     }
 
-    /// Runs [`purge`](Self::purge) every `every` on a background task. A failed purge is
+    /// Runs [`purge`](Self::purge) every `every` on a background task, and reads
+    /// [`stuck`](Self::stuck) (its gauge, with the feature `metrics`). A failed purge is
     /// logged (a warning), counted ([`InboxCounters::sweep_failures`]) and retried at the
     /// next tick; the task ends when the handle is aborted or dropped with the runtime.
     ///
@@ -413,6 +417,13 @@ impl Inbox {
                         group = %inbox.group,
                         error = %e,
                         "idem: the inbox's sweeper could not purge; trying again at the next tick"
+                    );
+                }
+                if let Err(e) = inbox.stuck(&pool).await {
+                    tracing::warn!(
+                        group = %inbox.group,
+                        error = %e,
+                        "idem: the inbox's sweeper could not count the stuck records"
                     );
                 }
             }

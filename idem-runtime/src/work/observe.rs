@@ -115,6 +115,13 @@ pub(crate) fn inbox_event(group: &str, event: &'static str, n: u64) {
     .increment(n);
 }
 
+/// Sets the gauge of `group`'s records stuck in PROCESSING past their lease.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn inbox_stuck(group: &str, stuck: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("idem_inbox_stuck", "consumer_group" => group.to_owned()).set(stuck as f64);
+}
+
 struct Arrow(&'static str, &'static str);
 
 impl core::fmt::Display for Arrow {
