@@ -1,0 +1,263 @@
+//! `idem outbox …`: the backlog, the dead messages grouped by their error, and requeueing or
+//! discarding them (one, several, a group, or all), through idem's own functions: a
+//! requeued message is published by the relay's claim like any other, once.
+
+use crate::database::{Database, with_pool};
+use crate::report::{self, Failure};
+use clap::{Args, Subcommand};
+use idem::outbox::DeadMessage;
+use std::collections::BTreeMap;
+
+/// The most dead messages a command reads.
+const MAX_DEAD: u32 = 100_000;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// How many messages wait, how many are dead or held behind a dead one, and the age of
+    /// the oldest.
+    Backlog,
+    /// The dead messages, grouped by their last error (`--all-messages` lists each one).
+    Dead {
+        /// List every dead message instead of the groups.
+        #[arg(long)]
+        all_messages: bool,
+    },
+    /// Sends dead messages again, as new: the relay publishes them, and their keys go on.
+    Requeue(Targets),
+    /// Deletes dead messages without publishing them: their keys go on without them.
+    Discard(Targets),
+}
+
+/// Which dead messages an action takes, and whether to take it.
+#[derive(Args, Debug)]
+pub(crate) struct Targets {
+    /// The ids of the dead messages.
+    ids: Vec<String>,
+    /// Every dead message whose last error contains this text.
+    #[arg(long, conflicts_with_all = ["ids", "all"])]
+    error: Option<String>,
+    /// Every dead message.
+    #[arg(long, conflicts_with = "ids")]
+    all: bool,
+    /// Do it. Without it, the command says what it would do and changes nothing.
+    #[arg(long)]
+    yes: bool,
+}
+
+pub(crate) async fn run(database: &Database, command: &Command, json: bool) -> Result<(), Failure> {
+    match command {
+        Command::Backlog => backlog(database, json).await,
+        Command::Dead { all_messages } => dead(database, *all_messages, json).await,
+        Command::Requeue(targets) => act(database, targets, Action::Requeue, json).await,
+        Command::Discard(targets) => act(database, targets, Action::Discard, json).await,
+    }
+}
+
+async fn backlog(database: &Database, json: bool) -> Result<(), Failure> {
+    let backlog = with_pool!(database, pool => idem::outbox::backlog(pool).await)
+        .map_err(Failure::database)?;
+    let oldest = backlog.oldest.map(|age| age.as_secs_f64());
+    let rows = vec![vec![
+        backlog.pending.to_string(),
+        backlog.dead.to_string(),
+        backlog.held.to_string(),
+        oldest.map_or("-".to_owned(), |s| format!("{s:.1}")),
+    ]];
+    report::done(
+        json,
+        &report::table(&["pending", "dead", "held", "oldest (s)"], &rows),
+        serde_json::json!({
+            "pending": backlog.pending,
+            "dead": backlog.dead,
+            "held": backlog.held,
+            "oldest_seconds": oldest,
+        }),
+    );
+    Ok(())
+}
+
+async fn read_dead(database: &Database) -> Result<Vec<DeadMessage>, Failure> {
+    with_pool!(database, pool => idem::outbox::dead(pool, MAX_DEAD).await)
+        .map_err(Failure::database)
+}
+
+fn message_json(message: &DeadMessage) -> serde_json::Value {
+    serde_json::json!({
+        "id": message.id,
+        "ordering_key": message.ordering_key,
+        "destination": message.destination,
+        "routing_key": message.routing_key,
+        "attempts": message.attempts,
+        "last_error": message.last_error,
+        "created_at_millis": message.created_at_millis,
+        "dead_at_millis": message.dead_at_millis,
+    })
+}
+
+/// The dead messages by their last error, the largest group first.
+fn groups(dead: &[DeadMessage]) -> Vec<(&str, Vec<&DeadMessage>)> {
+    let mut by_error: BTreeMap<&str, Vec<&DeadMessage>> = BTreeMap::new();
+    for message in dead {
+        let error = message.last_error.as_deref().unwrap_or("");
+        by_error.entry(error).or_default().push(message);
+    }
+    let mut groups: Vec<_> = by_error.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    groups
+}
+
+async fn dead(database: &Database, all_messages: bool, json: bool) -> Result<(), Failure> {
+    let dead = read_dead(database).await?;
+    if all_messages {
+        let rows: Vec<Vec<String>> = dead
+            .iter()
+            .map(|m| {
+                vec![
+                    m.id.clone(),
+                    m.ordering_key.clone(),
+                    m.destination.clone(),
+                    m.attempts.to_string(),
+                    m.last_error.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        let header = [
+            "id",
+            "ordering key",
+            "destination",
+            "attempts",
+            "last error",
+        ];
+        let value =
+            serde_json::json!({"messages": dead.iter().map(message_json).collect::<Vec<_>>()});
+        report::done(json, &report::table(&header, &rows), value);
+        return Ok(());
+    }
+    let groups = groups(&dead);
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|(error, messages)| {
+            let mut ids: Vec<&str> = messages.iter().take(3).map(|m| m.id.as_str()).collect();
+            if messages.len() > 3 {
+                ids.push("…");
+            }
+            vec![
+                messages.len().to_string(),
+                error.to_string(),
+                ids.join(", "),
+            ]
+        })
+        .collect();
+    let value = serde_json::json!({
+        "groups": groups.iter().map(|(error, messages)| serde_json::json!({
+            "error": error,
+            "count": messages.len(),
+            "ids": messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    let table = if rows.is_empty() {
+        "no dead messages".to_owned()
+    } else {
+        report::table(&["count", "last error", "ids"], &rows)
+    };
+    report::done(json, &table, value);
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Requeue,
+    Discard,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Requeue => "requeue",
+            Action::Discard => "discard",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Action::Requeue => "requeued",
+            Action::Discard => "discarded",
+        }
+    }
+}
+
+async fn act(
+    database: &Database,
+    targets: &Targets,
+    action: Action,
+    json: bool,
+) -> Result<(), Failure> {
+    if targets.ids.is_empty() && targets.error.is_none() && !targets.all {
+        return Err(Failure::Usage(format!(
+            "name the messages to {}: their ids, --error TEXT or --all",
+            action.verb()
+        )));
+    }
+    let dead = read_dead(database).await?;
+    let chosen: Vec<&DeadMessage> = if targets.all {
+        dead.iter().collect()
+    } else if let Some(text) = &targets.error {
+        dead.iter()
+            .filter(|m| {
+                m.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains(text.as_str()))
+            })
+            .collect()
+    } else {
+        let mut chosen = Vec::new();
+        for id in &targets.ids {
+            match dead.iter().find(|m| &m.id == id) {
+                Some(message) => chosen.push(message),
+                None => {
+                    return Err(Failure::NotFound(format!(
+                        "no dead message has the id `{id}` (nothing was {})",
+                        action.done()
+                    )));
+                }
+            }
+        }
+        chosen
+    };
+    let ids: Vec<&str> = chosen.iter().map(|m| m.id.as_str()).collect();
+    if !targets.yes {
+        report::done(
+            json,
+            &format!(
+                "would {} {} dead message(s): {}\nnothing changed: run again with --yes to do it",
+                action.verb(),
+                ids.len(),
+                ids.join(", ")
+            ),
+            serde_json::json!({"dry_run": true, "action": action.verb(), "ids": ids}),
+        );
+        return Ok(());
+    }
+    let (mut changed, mut gone) = (Vec::new(), Vec::new());
+    for id in ids {
+        let did = with_pool!(database, pool => match action {
+            Action::Requeue => idem::outbox::requeue(pool, id).await,
+            Action::Discard => idem::outbox::discard(pool, id).await,
+        })
+        .map_err(Failure::database)?;
+        if did { changed.push(id) } else { gone.push(id) }
+    }
+    let mut line = format!("{} {} dead message(s)", action.done(), changed.len());
+    if !gone.is_empty() {
+        line.push_str(&format!(
+            "; no longer dead (requeued or discarded meanwhile): {}",
+            gone.join(", ")
+        ));
+    }
+    report::done(
+        json,
+        &line,
+        serde_json::json!({"dry_run": false, "action": action.verb(), action.done(): changed, "no_longer_dead": gone}),
+    );
+    Ok(())
+}
