@@ -54,3 +54,9 @@ impl Clock for ManualClock {
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// A duration in whole milliseconds rounded up, saturating: for a time that must not come
+/// early (a due time, a window that must cover a span).
+pub(crate) fn millis_up(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}

@@ -34,8 +34,8 @@ mod stage;
 
 pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
-pub(crate) use clock::millis;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub(crate) use clock::{millis, millis_up};
 pub use counters::InboxCounters;
 pub use delivery::Delivery;
 pub use gather::gather;

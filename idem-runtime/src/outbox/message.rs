@@ -201,7 +201,7 @@ impl Message {
     pub fn deliver_at(mut self, at: std::time::SystemTime) -> Message {
         let millis = match at.duration_since(std::time::UNIX_EPOCH) {
             // Due times are whole milliseconds: rounded up, never before `at`.
-            Ok(since) => i64::try_from(since.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX),
+            Ok(since) => crate::inbox::millis_up(since),
             // Before the epoch: past, due at once.
             Err(_) => 0,
         };
@@ -223,7 +223,7 @@ impl Message {
     /// ```
     pub fn deliver_after(mut self, delay: std::time::Duration) -> Message {
         // Rounded up to whole milliseconds, as a due time is.
-        let millis = i64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
+        let millis = crate::inbox::millis_up(delay);
         self.due = Some(Due::After(millis));
         self
     }

@@ -188,8 +188,7 @@ pub(crate) async fn next_due<DB: Backend>(
     let sql = DB::dialect(conn)?.outbox();
     // Whole milliseconds, as the database's now is, rounded up with one more: a claim and
     // this read within the same millisecond, or across one tick of it, still overlap.
-    let since = i64::try_from(since.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-    let since = Param::Int(since.saturating_add(1));
+    let since = Param::Int(crate::inbox::millis_up(since).saturating_add(1));
     let row = DB::fetch(conn, &sql.next_due, &[since]).await?;
     opened.end(true).await?;
     Ok(row
