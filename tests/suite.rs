@@ -77,6 +77,7 @@ mod schedule_processes;
 mod serializable;
 mod set_columns;
 mod statement_form;
+mod tables;
 mod testing;
 mod transitions;
 mod verify;

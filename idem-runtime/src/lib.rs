@@ -43,8 +43,11 @@ pub use machine::definition::{Definition, Machine};
 pub use machine::enforce::enforce;
 pub use machine::results::create_results_table;
 pub use machine::sql::{MachineSql, Statements};
-pub use machine::verify::{ColumnRole, SchemaProblem, SchemaReport, verify};
+pub use machine::verify::{SchemaReport, verify};
 pub use schema::migrate;
+pub use schema::tables::{
+    ColumnRole, DEFAULT_RESULTS_TABLE, Migration, SchemaProblem, TablesReport, check_tables,
+};
 pub use transition::classification::{Classification, set_postgres_classification};
 pub use transition::creation::{Created, Creation};
 pub use transition::declared::{Transition, TransitionError};

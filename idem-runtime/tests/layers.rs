@@ -1,5 +1,5 @@
 //! The runtime's layering, checked from its own source: the unit of work and what lies
-//! below it (`work/`, `backend/`, `machine/`, `value/`, `schema.rs`, `error.rs`,
+//! below it (`work/`, `backend/`, `machine/`, `value/`, `schema/`, `error.rs`,
 //! `fault.rs`) name no stage (`transition/`, `inbox/`, `outbox/`, `cache/`, `http/`).
 //!
 //! A stage sits on the unit of work and names it; a stage's type, migration or cache that
@@ -20,13 +20,7 @@ const STAGES: [&str; 5] = ["transition", "inbox", "outbox", "cache", "http"];
 
 /// The lower layers: folders and files under `src/`.
 const LOWER: [&str; 7] = [
-    "work",
-    "backend",
-    "machine",
-    "value",
-    "schema.rs",
-    "error.rs",
-    "fault.rs",
+    "work", "backend", "machine", "value", "schema", "error.rs", "fault.rs",
 ];
 
 /// A path that names a stage, in `file`.

@@ -177,6 +177,23 @@ impl Dialect {
         )
     }
 
+    /// A query of whether the index `$1` exists, as the integer column `n` (1 or 0): by
+    /// the search path (PostgreSQL), in `main` (SQLite), in the connection's database (MySQL).
+    pub fn index_exists(self) -> &'static str {
+        match self {
+            Dialect::Postgres => {
+                "SELECT CAST(CASE WHEN to_regclass($1) IS NULL THEN 0 ELSE 1 END AS BIGINT) AS n"
+            }
+            Dialect::Sqlite => {
+                "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'index' AND name = $1"
+            }
+            Dialect::MySql => {
+                "SELECT CAST(COUNT(*) AS SIGNED) AS n FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND index_name = $1"
+            }
+        }
+    }
+
     /// A query counting (as the integer column `n`) what an inbox table still has of an
     /// older migration this version of idem dropped: PostgreSQL's status CHECK constraint.
     pub fn outdated_inbox(self) -> Option<&'static str> {

@@ -1,13 +1,10 @@
 //! Checking a live database against a machine's declaration, at start-up: one report with
 //! every problem, instead of the first failing transition in production.
 
-use crate::backend::{Backend, Dialect, Opened, Param};
+use crate::backend::{Backend, Dialect, Opened};
 use crate::machine::definition::Machine;
-use crate::schema::{
-    INBOX_COLUMNS, INBOX_KEY_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, OUTBOX_COLUMNS,
-    OUTBOX_KEY_COLUMNS, RESULT_COLUMNS, RESULT_KEY_COLUMNS,
-};
-use idem_sql::catalog::{ColumnsOf, TypeKind};
+use crate::schema::tables::{ColumnRole, SchemaProblem, columns, decode, fetch_json};
+use idem_sql::catalog::TypeKind;
 use sqlx::Pool;
 use std::fmt;
 
@@ -103,71 +100,13 @@ async fn report<M: Machine, DB: Backend>(
         }
     }
 
-    let results = definition.results_table;
-    let results_table = IdemTable {
-        name: results,
-        columns: &RESULT_COLUMNS,
-        key: &RESULT_KEY_COLUMNS,
-        required: true,
-    };
-    results_table
-        .check::<DB>(conn, dialect, &mut problems)
-        .await?;
-    let inbox_table = IdemTable {
-        name: "idem_inbox",
-        columns: &INBOX_COLUMNS,
-        key: &INBOX_KEY_COLUMNS,
-        required: false,
-    };
-    inbox_table
-        .check::<DB>(conn, dialect, &mut problems)
-        .await?;
-    let outbox_table = IdemTable {
-        name: "idem_outbox",
-        columns: &OUTBOX_COLUMNS,
-        key: &OUTBOX_KEY_COLUMNS,
-        required: false,
-    };
-    outbox_table
-        .check::<DB>(conn, dialect, &mut problems)
-        .await?;
-    for (name, columns, key) in [
-        ("idem_leases", &LEASE_COLUMNS[..], &LEASE_COLUMNS[..1]),
-        ("idem_jobs", &JOB_COLUMNS[..], &JOB_COLUMNS[..1]),
-    ] {
-        let table = IdemTable {
-            name,
-            columns,
-            key,
-            required: false,
-        };
-        table.check::<DB>(conn, dialect, &mut problems).await?;
-    }
-    if dialect == Dialect::MySql
-        && columns::<DB>(conn, dialect, "idem_outbox").await?.is_some()
-        && columns::<DB>(conn, dialect, "idem_outbox_locks")
-            .await?
-            .is_none()
-    {
-        problems.push(SchemaProblem::OutdatedTable {
-            table: "idem_outbox".to_owned(),
-            problem: "its relays' lock rows (`idem_outbox_locks`) and indexes are missing, and \
-                      no relay can claim; run `idem::migrate` or the migration \
-                      `0004_idem_outbox_held.sql`"
-                .to_owned(),
-        });
-    }
-    if let Some(sql) = dialect.outdated_inbox() {
-        let checked = DB::fetch(conn, sql, &[]).await?;
-        if checked.and_then(|r| r.int("n")).unwrap_or(0) > 0 {
-            problems.push(SchemaProblem::OutdatedTable {
-                table: "idem_inbox".to_owned(),
-                problem: "it still has the status CHECK constraint of the first migration \
-                          (each write pays for it); run `idem::migrate` or the second migration"
-                    .to_owned(),
-            });
-        }
-    }
+    crate::schema::tables::check_idem_tables::<DB>(
+        conn,
+        dialect,
+        definition.results_table,
+        &mut problems,
+    )
+    .await?;
 
     Ok(SchemaReport {
         machine: definition.name,
@@ -230,84 +169,6 @@ async fn check_rows<M: Machine, DB: Backend>(
     Ok(())
 }
 
-/// One of idem's own tables, as this version of idem makes it.
-struct IdemTable<'a> {
-    /// Its name (`table` or `schema.table`).
-    name: &'a str,
-    /// The columns idem uses.
-    columns: &'a [&'a str],
-    /// The columns of its key, which must compare byte for byte.
-    key: &'a [&'a str],
-    /// Whether it must exist (the inbox need not).
-    required: bool,
-}
-
-impl IdemTable<'_> {
-    /// Its columns, if it exists (or must), and whether its key columns are exact.
-    async fn check<DB: Backend>(
-        &self,
-        conn: &mut DB::Connection,
-        dialect: Dialect,
-        problems: &mut Vec<SchemaProblem>,
-    ) -> Result<(), sqlx::Error> {
-        let table = self.name;
-        let found = match columns::<DB>(conn, dialect, table).await? {
-            None if self.required => {
-                problems.push(SchemaProblem::MissingTable {
-                    table: table.to_owned(),
-                });
-                return Ok(());
-            }
-            None => return Ok(()),
-            Some(found) => found,
-        };
-        for column in self.columns {
-            if !found.iter().any(|c| c.name == *column) {
-                problems.push(SchemaProblem::MissingColumn {
-                    table: table.to_owned(),
-                    column: (*column).to_owned(),
-                    role: ColumnRole::Idem,
-                });
-            }
-        }
-        let padded: Vec<&Column> = self
-            .key
-            .iter()
-            .filter_map(|key| found.iter().find(|c| c.name == *key))
-            .filter(|c| !dialect.compares_exactly(&c.type_name, &c.category))
-            .collect();
-        if !padded.is_empty() {
-            let names = padded
-                .iter()
-                .map(|c| format!("`{}`", c.name))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let mut collations: Vec<&str> = padded.iter().map(|c| c.category.as_str()).collect();
-            collations.sort_unstable();
-            collations.dedup();
-            problems.push(SchemaProblem::OutdatedTable {
-                table: table.to_owned(),
-                problem: format!(
-                    "its key columns {names} compare under `{}`, not byte for byte (keys that \
-                     differ by trailing spaces are one); run `idem::migrate` or the migration \
-                     `0002_idem_exact_keys.sql`",
-                    collations.join("`, `")
-                ),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// A column as the database describes it.
-struct Column {
-    name: String,
-    type_name: String,
-    /// PostgreSQL's type category; MySQL's collation (see `Dialect::columns`).
-    category: String,
-    kind: TypeKind,
-}
-
 /// Whether a column of type `kind` can hold what idem binds in `role` (SQLite: anything).
 fn usable_as(kind: TypeKind, role: ColumnRole) -> bool {
     use TypeKind::*;
@@ -317,65 +178,6 @@ fn usable_as(kind: TypeKind, role: ColumnRole) -> bool {
         ColumnRole::Version => matches!(kind, Integer | Numeric | Any),
         ColumnRole::Idem => true,
     }
-}
-
-/// The columns of `table` (`name` or `schema.name`), or `None` if it does not exist.
-async fn columns<DB: Backend>(
-    conn: &mut DB::Connection,
-    dialect: Dialect,
-    table: &str,
-) -> Result<Option<Vec<Column>>, sqlx::Error> {
-    let quoted_table = dialect.quoted(table);
-    let (found, of) = dialect.columns();
-    let params = match (of, table.split_once('.')) {
-        (ColumnsOf::Quoted, _) => vec![Param::Text(&quoted_table)],
-        (ColumnsOf::NameAndSchema, Some((schema, name))) => {
-            vec![Param::Text(name), Param::Text(schema)]
-        }
-        (ColumnsOf::NameAndSchema, None) => match dialect.default_schema() {
-            Some(schema) => vec![Param::Text(table), Param::Text(schema)],
-            None => vec![Param::Text(table), Param::Null],
-        },
-    };
-    let found = fetch_json::<DB>(conn, found, &params).await?;
-    let found: Vec<(String, String, String)> = serde_json::from_str(&found).map_err(decode)?;
-    if found.is_empty() {
-        // A table has at least one column: none means no such table.
-        return Ok(None);
-    }
-    Ok(Some(
-        found
-            .into_iter()
-            .map(|(name, type_name, category)| Column {
-                name,
-                kind: dialect.type_kind(&type_name, &category),
-                type_name,
-                category,
-            })
-            .collect(),
-    ))
-}
-
-async fn fetch_json<DB: Backend>(
-    conn: &mut DB::Connection,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<String, sqlx::Error> {
-    let mut row = DB::fetch(conn, sql, params).await?.unwrap_or_default();
-    Ok(row.take_text("found").unwrap_or_else(|| "[]".to_owned()))
-}
-
-/// "1 row", "2 rows".
-fn rows(n: i64) -> String {
-    if n == 1 {
-        "1 row".to_owned()
-    } else {
-        format!("{n} rows")
-    }
-}
-
-fn decode(e: serde_json::Error) -> sqlx::Error {
-    sqlx::Error::Decode(Box::new(e))
 }
 
 /// What [`verify`] found: every problem, or none.
@@ -425,187 +227,6 @@ impl fmt::Display for SchemaReport {
 
 impl std::error::Error for SchemaReport {}
 
-/// The part a column plays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ColumnRole {
-    /// A column of the machine's key.
-    Key,
-    /// The machine's state column.
-    State,
-    /// The machine's version column.
-    Version,
-    /// A column of one of idem's own tables.
-    Idem,
-}
-
-impl ColumnRole {
-    fn described(self) -> &'static str {
-        match self {
-            ColumnRole::Key => "a key column",
-            ColumnRole::State => "the state column",
-            ColumnRole::Version => "the version column",
-            ColumnRole::Idem => "a column idem uses",
-        }
-    }
-
-    fn expected(self) -> &'static str {
-        match self {
-            ColumnRole::Key => "an integer, numeric, text or uuid",
-            ColumnRole::State => "text, varchar or an ENUM",
-            ColumnRole::Version => "an integer or numeric",
-            ColumnRole::Idem => "as idem's migrations create it",
-        }
-    }
-}
-
-/// One way the database differs from what the machine and idem need.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SchemaProblem {
-    /// The table does not exist (as the connection's search path resolves it).
-    MissingTable {
-        /// The table's name.
-        table: String,
-    },
-    /// The table has no such column.
-    MissingColumn {
-        /// The table's name.
-        table: String,
-        /// The column's name.
-        column: String,
-        /// What the column is for.
-        role: ColumnRole,
-    },
-    /// The column's type cannot hold what idem binds to it (PostgreSQL).
-    UnusableType {
-        /// The table's name.
-        table: String,
-        /// The column's name.
-        column: String,
-        /// What the column is for.
-        role: ColumnRole,
-        /// The column's type, as the database names it.
-        found: String,
-    },
-    /// Rows hold state values the machine does not declare: a transition on them ends in
-    /// [`Error::CorruptRow`](crate::Error::CorruptRow).
-    UndeclaredStates {
-        /// The table's name.
-        table: String,
-        /// The state column.
-        column: String,
-        /// The most frequent undeclared values (at most ten) and their row counts.
-        values: Vec<(String, i64)>,
-        /// How many distinct undeclared values there are.
-        distinct: usize,
-        /// How many rows hold one.
-        rows: i64,
-    },
-    /// Rows have no state (NULL).
-    NullStates {
-        /// The table's name.
-        table: String,
-        /// The state column.
-        column: String,
-        /// How many rows.
-        rows: i64,
-    },
-    /// Rows have no version (NULL): a transition never moves them (its guard is
-    /// `version IS NOT NULL`).
-    NullVersions {
-        /// The table's name.
-        table: String,
-        /// The version column.
-        column: String,
-        /// How many rows.
-        rows: i64,
-    },
-    /// One of idem's own tables is from an older version of idem.
-    OutdatedTable {
-        /// The table's name.
-        table: String,
-        /// What differs, and how to fix it.
-        problem: String,
-    },
-}
-
-impl fmt::Display for SchemaProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SchemaProblem::MissingTable { table } => {
-                write!(f, "there is no table `{table}`")
-            }
-            SchemaProblem::MissingColumn {
-                table,
-                column,
-                role,
-            } => write!(
-                f,
-                "table `{table}` has no column `{column}` ({})",
-                role.described()
-            ),
-            SchemaProblem::UnusableType {
-                table,
-                column,
-                role,
-                found,
-            } => write!(
-                f,
-                "column `{table}.{column}` ({}) is of type `{found}`; it must be {}",
-                role.described(),
-                role.expected()
-            ),
-            SchemaProblem::UndeclaredStates {
-                table,
-                column,
-                values,
-                distinct,
-                rows: total,
-            } => {
-                let shown = values
-                    .iter()
-                    .map(|(value, n)| format!("{value:?} ({})", rows(*n)))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let more = distinct.saturating_sub(values.len());
-                let more = if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                };
-                write!(
-                    f,
-                    "`{table}`: states the machine does not declare in `{column}`, in {}: \
-                     {shown}{more}; declare them or correct the rows",
-                    rows(*total)
-                )
-            }
-            SchemaProblem::NullStates {
-                table,
-                column,
-                rows: n,
-            } => write!(
-                f,
-                "`{table}`: {} with no state (`{column}` is NULL)",
-                rows(*n)
-            ),
-            SchemaProblem::NullVersions {
-                table,
-                column,
-                rows: n,
-            } => write!(
-                f,
-                "`{table}`: {} with no version (`{column}` is NULL), which no transition moves",
-                rows(*n)
-            ),
-            SchemaProblem::OutdatedTable { table, problem } => {
-                write!(f, "idem's table `{table}` is outdated: {problem}")
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,7 +238,5 @@ mod tests {
             Dialect::MySql.quoted("billing.orders"),
             "`billing`.`orders`"
         );
-        assert_eq!(rows(1), "1 row");
-        assert_eq!(rows(0), "0 rows");
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! The stages (`transition/`, `inbox/`, `outbox/`, `cache/`, `http/`) sit on this module
 //! and name it; this module, and everything below it (`backend/`, `machine/`, `value/`,
-//! `schema.rs`, `error.rs`, `fault.rs`), names no stage. What every stage needs is defined
+//! `schema/`, `error.rs`, `fault.rs`), names no stage. What every stage needs is defined
 //! here or below: the call's scope and the keys derived in it (`effect`), what a stage
 //! found when another call took its key at the commit (`unit::Lost`, which carries it
 //! without knowing its type), the store of first results and which pool has one

@@ -9,6 +9,8 @@ use crate::backend::Dialect;
 use crate::backend::ddl::{Ddl, install};
 use sqlx::Pool;
 
+pub(crate) mod tables;
+
 /// The schema for PostgreSQL, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox; `0002_idem_inbox_unchecked_status.sql`: the inbox's status
 /// without its CHECK constraint; `0003_idem_outbox.sql`: the outbox;
@@ -16,28 +18,28 @@ use sqlx::Pool;
 /// `0005_idem_outbox_due_at.sql`: the index a relay's claim follows in due order), in one
 /// text.
 pub const POSTGRES_MIGRATION: &str = concat!(
-    include_str!("../migrations/postgres/0001_idem.sql"),
+    include_str!("../../migrations/postgres/0001_idem.sql"),
     "\n",
-    include_str!("../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
+    include_str!("../../migrations/postgres/0002_idem_inbox_unchecked_status.sql"),
     "\n",
-    include_str!("../migrations/postgres/0003_idem_outbox.sql"),
+    include_str!("../../migrations/postgres/0003_idem_outbox.sql"),
     "\n",
-    include_str!("../migrations/postgres/0004_idem_leases_jobs.sql"),
+    include_str!("../../migrations/postgres/0004_idem_leases_jobs.sql"),
     "\n",
-    include_str!("../migrations/postgres/0005_idem_outbox_due_at.sql"),
+    include_str!("../../migrations/postgres/0005_idem_outbox_due_at.sql"),
 );
 /// The schema for SQLite, as its sqlx migrations in order (`0001_idem.sql`: the results
 /// table and the inbox; `0002_idem_outbox.sql`: the outbox; `0003_idem_leases_jobs.sql`:
 /// the leases and the scheduled jobs; `0004_idem_outbox_due_at.sql`: the index a relay's
 /// claim follows in due order), in one text.
 pub const SQLITE_MIGRATION: &str = concat!(
-    include_str!("../migrations/sqlite/0001_idem.sql"),
+    include_str!("../../migrations/sqlite/0001_idem.sql"),
     "\n",
-    include_str!("../migrations/sqlite/0002_idem_outbox.sql"),
+    include_str!("../../migrations/sqlite/0002_idem_outbox.sql"),
     "\n",
-    include_str!("../migrations/sqlite/0003_idem_leases_jobs.sql"),
+    include_str!("../../migrations/sqlite/0003_idem_leases_jobs.sql"),
     "\n",
-    include_str!("../migrations/sqlite/0004_idem_outbox_due_at.sql"),
+    include_str!("../../migrations/sqlite/0004_idem_outbox_due_at.sql"),
 );
 /// The schema for MySQL and MariaDB, as its sqlx migrations in order (`0001_idem.sql`: the
 /// results table and the inbox, its index declared with it; `0002_idem_exact_keys.sql`:
@@ -48,18 +50,68 @@ pub const SQLITE_MIGRATION: &str = concat!(
 /// `0006_idem_outbox_due_at.sql`: the index a relay's candidates follow in due order), in
 /// one text.
 pub const MYSQL_MIGRATION: &str = concat!(
-    include_str!("../migrations/mysql/0001_idem.sql"),
+    include_str!("../../migrations/mysql/0001_idem.sql"),
     "\n",
-    include_str!("../migrations/mysql/0002_idem_exact_keys.sql"),
+    include_str!("../../migrations/mysql/0002_idem_exact_keys.sql"),
     "\n",
-    include_str!("../migrations/mysql/0003_idem_outbox.sql"),
+    include_str!("../../migrations/mysql/0003_idem_outbox.sql"),
     "\n",
-    include_str!("../migrations/mysql/0004_idem_outbox_held.sql"),
+    include_str!("../../migrations/mysql/0004_idem_outbox_held.sql"),
     "\n",
-    include_str!("../migrations/mysql/0005_idem_leases_jobs.sql"),
+    include_str!("../../migrations/mysql/0005_idem_leases_jobs.sql"),
     "\n",
-    include_str!("../migrations/mysql/0006_idem_outbox_due_at.sql"),
+    include_str!("../../migrations/mysql/0006_idem_outbox_due_at.sql"),
 );
+
+/// What tells that a migration was applied: what it creates or changes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Probe {
+    /// These tables exist.
+    Tables(&'static [&'static str]),
+    /// This index exists.
+    Index(&'static str),
+    /// The inbox exists without its first migration's status CHECK (PostgreSQL).
+    InboxUnchecked,
+    /// The results' and the inbox's key columns compare byte for byte (MySQL).
+    ExactKeys,
+}
+
+/// The migrations of `dialect`, in order, each named by its file and told by its [`Probe`].
+pub(crate) fn migrations(dialect: Dialect) -> &'static [(&'static str, Probe)] {
+    const FIRST: Probe = Probe::Tables(&["idem_results", "idem_inbox"]);
+    const OUTBOX: Probe = Probe::Tables(&["idem_outbox"]);
+    const LEASES_JOBS: Probe = Probe::Tables(&["idem_leases", "idem_jobs"]);
+    const DUE_AT: Probe = Probe::Index("idem_outbox_due_at");
+    match dialect {
+        Dialect::Postgres => &[
+            ("0001_idem.sql", FIRST),
+            (
+                "0002_idem_inbox_unchecked_status.sql",
+                Probe::InboxUnchecked,
+            ),
+            ("0003_idem_outbox.sql", OUTBOX),
+            ("0004_idem_leases_jobs.sql", LEASES_JOBS),
+            ("0005_idem_outbox_due_at.sql", DUE_AT),
+        ],
+        Dialect::Sqlite => &[
+            ("0001_idem.sql", FIRST),
+            ("0002_idem_outbox.sql", OUTBOX),
+            ("0003_idem_leases_jobs.sql", LEASES_JOBS),
+            ("0004_idem_outbox_due_at.sql", DUE_AT),
+        ],
+        Dialect::MySql => &[
+            ("0001_idem.sql", FIRST),
+            ("0002_idem_exact_keys.sql", Probe::ExactKeys),
+            ("0003_idem_outbox.sql", OUTBOX),
+            (
+                "0004_idem_outbox_held.sql",
+                Probe::Tables(&["idem_outbox_locks"]),
+            ),
+            ("0005_idem_leases_jobs.sql", LEASES_JOBS),
+            ("0006_idem_outbox_due_at.sql", DUE_AT),
+        ],
+    }
+}
 
 /// The schema of `dialect`, as its migrations in order in one text.
 pub fn migration(dialect: Dialect) -> &'static str {
@@ -178,6 +230,50 @@ mod tests {
             16 * 16 * 16 * 4,
             "the cross join of four digit tables"
         );
+    }
+
+    /// Each migration probed is one the schema includes, in the same order.
+    #[test]
+    fn the_probed_migrations_are_the_included_ones() {
+        for (dialect, migration, dir) in [
+            (Dialect::Postgres, POSTGRES_MIGRATION, "postgres"),
+            (Dialect::Sqlite, SQLITE_MIGRATION, "sqlite"),
+            (Dialect::MySql, MYSQL_MIGRATION, "mysql"),
+        ] {
+            let mut files: Vec<String> =
+                std::fs::read_dir(format!("{}/migrations/{dir}", env!("CARGO_MANIFEST_DIR")))
+                    .unwrap()
+                    .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                    .collect();
+            files.sort();
+            let probed: Vec<&str> = migrations(dialect).iter().map(|(name, _)| *name).collect();
+            assert_eq!(probed, files, "{dir}");
+            for (name, probe) in migrations(dialect) {
+                let text = std::fs::read_to_string(format!(
+                    "{}/migrations/{dir}/{name}",
+                    env!("CARGO_MANIFEST_DIR")
+                ))
+                .unwrap();
+                assert!(
+                    migration.contains(text.trim()),
+                    "{name} is not in the schema"
+                );
+                if let Probe::Index(index) = probe {
+                    assert!(
+                        text.contains(&format!("INDEX IF NOT EXISTS {index} ")),
+                        "{name}"
+                    );
+                }
+                if let Probe::Tables(tables) = probe {
+                    for table in *tables {
+                        assert!(
+                            text.contains(&format!("TABLE IF NOT EXISTS {table} ")),
+                            "{name}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
