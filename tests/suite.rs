@@ -54,6 +54,7 @@ mod http_crashes;
 mod http_optimistic;
 mod http_stacks;
 mod inbox;
+mod inbox_admin;
 mod inbox_kafka;
 mod kafka_faults;
 mod key_lengths;

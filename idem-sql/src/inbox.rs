@@ -140,6 +140,46 @@ pub const PURGE_SQLITE: &str = "DELETE FROM idem_inbox WHERE rowid IN (\
     AND status IN ('SUCCESS', 'FAILED') \
     LIMIT $3)";
 
+/// Every consumer group's records by status: `processing`, of which `stuck` (the lease
+/// ended by now, `$1`, NULL: the database's), `succeeded`, `failed`, `dead`, and the last
+/// time one was touched (`last_at`). One scan of the table.
+pub const GROUPS: &str = "SELECT consumer_group, \
+    COUNT(CASE WHEN status = 'PROCESSING' THEN 1 END) AS processing, \
+    COUNT(CASE WHEN status = 'PROCESSING' AND lease_until <= COALESCE($1, {now}) THEN 1 END) AS stuck, \
+    COUNT(CASE WHEN status = 'SUCCESS' THEN 1 END) AS succeeded, \
+    COUNT(CASE WHEN status = 'FAILED' THEN 1 END) AS failed, \
+    COUNT(CASE WHEN status = 'DEAD' THEN 1 END) AS dead, \
+    MAX(updated_at) AS last_at \
+    FROM idem_inbox GROUP BY consumer_group ORDER BY consumer_group";
+
+/// The records of status `$2` in group `$1` (`''`: every group), least recently touched
+/// first, at most `$5`; with `$3` = 1 only those whose lease ended by now (`$4`, NULL: the
+/// database's). Never their results: they may hold personal data.
+pub const RECORDS: &str = "SELECT consumer_group, message_key, status, attempts, error, \
+    lease_until, created_at, updated_at FROM idem_inbox \
+    WHERE ($1 = '' OR consumer_group = $1) AND status = $2 \
+    AND ($3 = 0 OR lease_until <= COALESCE($4, {now})) \
+    ORDER BY updated_at, consumer_group, message_key LIMIT $5";
+
+/// Ends the lease of a PROCESSING record now (`$4`, NULL: the database's), so the next
+/// delivery takes it over at once; `$3` says who, in its error.
+pub const RELEASE: &str = "UPDATE idem_inbox \
+    SET lease_until = COALESCE($4, {now}), error = $3, updated_at = COALESCE($4, {now}) \
+    WHERE consumer_group = $1 AND message_key = $2 AND status = 'PROCESSING'";
+
+/// Brings a DEAD record back as FAILED with no attempts: its next delivery runs it again,
+/// with every attempt allowed. `$3` says who, in its error; `$4` now (NULL: the database's).
+pub const REVIVE: &str = "UPDATE idem_inbox \
+    SET status = 'FAILED', attempts = 0, lease_until = NULL, error = $3, \
+    updated_at = COALESCE($4, {now}) \
+    WHERE consumer_group = $1 AND message_key = $2 AND status = 'DEAD'";
+
+/// How many records of `$1` group a purge with retention `$3` milliseconds would delete
+/// now (`$2`, NULL: the database's), as `n`.
+pub const PURGEABLE: &str = "SELECT COUNT(*) AS n FROM idem_inbox \
+    WHERE consumer_group = $1 AND updated_at < COALESCE($2, {now}) - $3 \
+    AND status IN ('SUCCESS', 'FAILED')";
+
 /// The database's time, alone: `now` (`$1`, NULL: the database's), for the units of work
 /// that need to know it (a leased claim reports when its lease ends).
 pub const NOW: &str = "SELECT COALESCE($1, {now}) AS now";
@@ -286,6 +326,16 @@ pub struct InboxSql {
     pub purge: String,
     /// [`NOW`].
     pub now: String,
+    /// [`GROUPS`].
+    pub groups: String,
+    /// [`RECORDS`].
+    pub records: String,
+    /// [`RELEASE`].
+    pub release: String,
+    /// [`REVIVE`].
+    pub revive: String,
+    /// [`PURGEABLE`].
+    pub purgeable: String,
     /// [`BATCH_INSERT`], [`BATCH_INSERT_SQLITE`] or [`BATCH_INSERT_MYSQL`].
     pub batch_insert: String,
     /// [`BATCH_SELECT`], [`BATCH_SELECT_SQLITE`] or [`BATCH_SELECT_MYSQL`].
@@ -338,6 +388,11 @@ impl InboxSql {
                 Dialect::MySql => PURGE_MYSQL,
             }),
             now: spell(NOW),
+            groups: spell(GROUPS),
+            records: spell(RECORDS),
+            release: spell(RELEASE),
+            revive: spell(REVIVE),
+            purgeable: spell(PURGEABLE),
             batch_insert: spell(match dialect {
                 Dialect::Postgres => BATCH_INSERT,
                 Dialect::Sqlite => BATCH_INSERT_SQLITE,

@@ -16,6 +16,7 @@
 //! tells the whole story: a complete JetStream consumer, the attribute's form, the leased mode,
 //! how to choose the retention, the table and its migrations, and what the tests prove.
 
+mod admin;
 mod batch;
 mod cached;
 mod clock;
@@ -33,6 +34,7 @@ mod retention;
 mod stage;
 
 pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
+pub use admin::{GroupRecords, InboxRecord, RecordStatus, groups, records};
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub(crate) use clock::{millis, millis_up};

@@ -1,0 +1,239 @@
+//! The inbox as the people on call see it, on real databases: every group's records by
+//! status, the stuck, failed and parked records listed without their results, a stuck
+//! lease released (the next delivery takes it over at once, a late worker's result is
+//! fenced off), a parked record revived (its next delivery runs the handler again), and a
+//! purge's dry run.
+
+use crate::common;
+
+use idem::inbox::{Claimed, Delivery, Inbox, MessageKey, RecordStatus};
+use std::time::Duration;
+
+fn key(k: &str) -> MessageKey {
+    MessageKey::new(k).unwrap()
+}
+
+/// Claims `k` in `inbox` and returns its lease.
+async fn claim<DB: idem::Backend>(
+    pool: &sqlx::Pool<DB>,
+    inbox: &Inbox,
+    k: &str,
+) -> idem::inbox::Lease {
+    match inbox
+        .claim::<DB, String>(pool, &key(k), k.as_bytes())
+        .await
+        .unwrap()
+    {
+        Claimed::Work(lease) => lease,
+        Claimed::Done(done) => panic!("{k} was not claimed: {done:?}"),
+    }
+}
+
+async fn operated<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
+    idem::migrate(&pool).await.unwrap();
+    // `billing`: one done, one failed, one parked, one stuck (a lease that ran out), one
+    // held under a long lease. `shipping`: one done.
+    let billing = Inbox::new("billing").unwrap().max_attempts(2);
+    let short = billing.clone().lease(Duration::from_millis(50));
+    let long = billing.clone().lease(Duration::from_secs(3600));
+    let done = claim(&pool, &billing, "done").await;
+    let paid = done
+        .complete(&pool, Ok::<_, String>("paid".to_owned()))
+        .await;
+    assert!(matches!(paid, Ok(Delivery::Processed(_))));
+    let failed = claim(&pool, &billing, "failed").await;
+    let _ = failed
+        .complete(&pool, Err::<String, _>("card declined"))
+        .await;
+    for _ in 0..2 {
+        let parked = claim(&pool, &billing, "parked").await;
+        let _ = parked
+            .complete(&pool, Err::<String, _>("no such account"))
+            .await;
+    }
+    let _stuck = claim(&pool, &short, "stuck").await;
+    let held = claim(&pool, &long, "held").await;
+    let shipping = Inbox::new("shipping").unwrap();
+    let shipped = claim(&pool, &shipping, "shipped").await;
+    let sent = shipped
+        .complete(&pool, Ok::<_, String>("sent".to_owned()))
+        .await;
+    assert!(matches!(sent, Ok(Delivery::Processed(_))));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+
+    let groups = idem::inbox::groups(&pool).await.unwrap();
+    let counts: Vec<(&str, [u64; 5])> = groups
+        .iter()
+        .map(|g| {
+            (
+                g.group.as_str(),
+                [g.processing, g.stuck, g.succeeded, g.failed, g.dead],
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [("billing", [2, 1, 1, 1, 1]), ("shipping", [0, 0, 1, 0, 0])]
+    );
+    assert!(groups.iter().all(|g| g.last_at_millis.is_some()));
+
+    let listed = |status, group: Option<&'static str>| {
+        let pool = pool.clone();
+        async move {
+            idem::inbox::records(&pool, group, status, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.group, r.key, r.status, r.attempts, r.error))
+                .collect::<Vec<_>>()
+        }
+    };
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        listed(RecordStatus::Stuck, None).await,
+        [(s("billing"), s("stuck"), s("PROCESSING"), 1, None)]
+    );
+    assert_eq!(
+        listed(RecordStatus::Processing, Some("billing"))
+            .await
+            .len(),
+        2
+    );
+    assert_eq!(
+        listed(RecordStatus::Failed, Some("billing")).await,
+        [(
+            s("billing"),
+            s("failed"),
+            s("FAILED"),
+            1,
+            Some(s("card declined"))
+        )]
+    );
+    assert_eq!(
+        listed(RecordStatus::Dead, None).await,
+        [(
+            s("billing"),
+            s("parked"),
+            s("DEAD"),
+            2,
+            Some(s("no such account"))
+        )]
+    );
+    assert!(
+        listed(RecordStatus::Dead, Some("shipping"))
+            .await
+            .is_empty()
+    );
+    let stuck = idem::inbox::records(&pool, None, RecordStatus::Stuck, 10)
+        .await
+        .unwrap();
+    assert!(stuck[0].lease_until_millis.unwrap() <= stuck[0].updated_at_millis + 50);
+    assert!(stuck[0].created_at_millis > 0);
+
+    // Released: the record under the long lease is taken over by the next delivery at
+    // once, and the worker that held it can no longer record a result.
+    assert!(matches!(
+        long.claim::<DB, String>(&pool, &key("held"), b"held")
+            .await
+            .unwrap(),
+        Claimed::Done(Delivery::InProgress { .. })
+    ));
+    assert!(long.release(&pool, &key("held"), "alice").await.unwrap());
+    let released = idem::inbox::records(&pool, Some("billing"), RecordStatus::Stuck, 10)
+        .await
+        .unwrap();
+    let released = released.iter().find(|r| r.key == "held").unwrap();
+    assert_eq!(released.error.as_deref(), Some("lease released by alice"));
+    let again = claim(&pool, &long, "held").await;
+    assert_eq!(again.attempt(), 2);
+    assert!(matches!(
+        held.complete(&pool, Ok::<_, String>("late".to_owned()))
+            .await,
+        Err(idem::Error::LeaseLost { .. })
+    ));
+    let on_time = again
+        .complete(&pool, Ok::<_, String>("on time".to_owned()))
+        .await;
+    assert!(matches!(on_time, Ok(Delivery::Processed(_))));
+    // Only a PROCESSING record is released.
+    assert!(!long.release(&pool, &key("held"), "alice").await.unwrap());
+    assert!(!long.release(&pool, &key("nothing"), "alice").await.unwrap());
+
+    // Revived: the parked record's next delivery runs again, with every attempt allowed.
+    assert!(matches!(
+        billing
+            .claim::<DB, String>(&pool, &key("parked"), b"parked")
+            .await
+            .unwrap(),
+        Claimed::Done(Delivery::Dead { attempts: 2, .. })
+    ));
+    assert!(!billing.revive(&pool, &key("failed"), "bob").await.unwrap());
+    assert!(billing.revive(&pool, &key("parked"), "bob").await.unwrap());
+    assert_eq!(
+        listed(RecordStatus::Failed, Some("billing")).await,
+        [
+            (
+                s("billing"),
+                s("failed"),
+                s("FAILED"),
+                1,
+                Some(s("card declined"))
+            ),
+            (
+                s("billing"),
+                s("parked"),
+                s("FAILED"),
+                0,
+                Some(s("revived by bob"))
+            ),
+        ]
+    );
+    let revived = claim(&pool, &billing, "parked").await;
+    assert_eq!(revived.attempt(), 1);
+    let _ = revived
+        .complete(&pool, Err::<String, _>("still no account"))
+        .await;
+    assert_eq!(
+        listed(RecordStatus::Dead, None).await.len(),
+        0,
+        "one attempt of two"
+    );
+
+    // A purge's dry run counts what the purge deletes.
+    let zero = Duration::ZERO;
+    let purgeable = billing.purgeable(&pool, zero).await.unwrap();
+    assert_eq!(
+        purgeable, 4,
+        "done, failed, held (now done) and parked (failed again)"
+    );
+    assert_eq!(
+        billing
+            .purgeable(&pool, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(billing.purge(&pool, zero, 100).await.unwrap(), purgeable);
+}
+
+#[tokio::test]
+async fn sqlite_inbox_is_operated() {
+    operated(common::sqlite_file(&format!("inbox_admin_{}", common::next_id()), 2).await).await;
+}
+
+#[tokio::test]
+async fn postgres_inbox_is_operated() {
+    let Some(pool) = common::postgres(&format!("inbox_admin_{}", common::next_id()), 4).await
+    else {
+        return;
+    };
+    operated(pool).await;
+}
+
+#[tokio::test]
+async fn mysql_inbox_is_operated() {
+    let Some(pool) = common::mysql(&format!("inbox_admin_{}", common::next_id()), 4).await else {
+        return;
+    };
+    operated(pool).await;
+}
