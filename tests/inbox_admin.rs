@@ -144,6 +144,16 @@ async fn operated<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
         .unwrap();
     let released = released.iter().find(|r| r.key == "held").unwrap();
     assert_eq!(released.error.as_deref(), Some("lease released by alice"));
+    let record = long.record(&pool, &key("held")).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            record.status.as_str(),
+            record.attempts,
+            record.error.as_deref()
+        ),
+        ("PROCESSING", 1, Some("lease released by alice"))
+    );
+    assert_eq!(long.record(&pool, &key("nothing")).await.unwrap(), None);
     let again = claim(&pool, &long, "held").await;
     assert_eq!(again.attempt(), 2);
     assert!(matches!(

@@ -4,9 +4,15 @@
 //! only say what they would do unless given `--yes`.
 //!
 //! Exit codes: 0 done; 1 the database failed or refused; 2 a usage error (a bad argument,
-//! an unknown URL scheme); 3 a message named does not exist (or is not dead).
+//! an unknown URL scheme); 3 a message or record named does not exist (or is not in the
+//! state the command needs); 4 `idem check` found something to fix.
+//!
+//! Every change a command makes is logged on the standard error (when, who, what), and
+//! where the table has room for it, who made it is written into the row.
 
+mod check;
 mod database;
+mod inbox;
 mod outbox;
 mod report;
 
@@ -25,6 +31,10 @@ struct Cli {
     /// Print JSON, for scripts, instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Who acts, written into the rows a command changes and into its log (default: the
+    /// user's login name).
+    #[arg(long, env = "IDEM_ACTOR", global = true)]
+    actor: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,6 +43,16 @@ struct Cli {
 enum Command {
     /// Creates idem's tables, or brings them up to this version (safe to run again).
     Migrate,
+    /// Which of this version's migrations the database has, and what is wrong with idem's
+    /// tables (exit 4 when something is).
+    Check {
+        /// The results table your machines use, if not `idem_results`.
+        #[arg(long)]
+        results_table: Option<String>,
+    },
+    /// The inbox: each group's records, stuck, failed and parked ones, and their repairs.
+    #[command(subcommand)]
+    Inbox(inbox::Command),
     /// The outbox: its backlog, its dead messages, requeueing and discarding them.
     #[command(subcommand)]
     Outbox(outbox::Command),
@@ -60,6 +80,11 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         ));
     };
     let database = Database::connect(url, matches!(cli.command, Command::Migrate)).await?;
+    let actor = cli.actor.clone().unwrap_or_else(|| {
+        std::env::var("USER")
+            .or_else(|_| std::env::var("USERNAME"))
+            .unwrap_or_else(|_| "someone".to_owned())
+    });
     match &cli.command {
         Command::Migrate => {
             database::with_pool!(&database, pool => idem::migrate(pool).await)
@@ -71,6 +96,10 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             );
             Ok(())
         }
-        Command::Outbox(command) => outbox::run(&database, command, cli.json).await,
+        Command::Check { results_table } => {
+            check::run(&database, results_table.as_deref(), cli.json).await
+        }
+        Command::Inbox(command) => inbox::run(&database, command, &actor, cli.json).await,
+        Command::Outbox(command) => outbox::run(&database, command, &actor, cli.json).await,
     }
 }

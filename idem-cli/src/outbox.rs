@@ -26,6 +26,19 @@ pub(crate) enum Command {
     Requeue(Targets),
     /// Deletes dead messages without publishing them: their keys go on without them.
     Discard(Targets),
+    /// Deletes the messages published longer ago than `--older-than`; unpublished and dead
+    /// messages are kept.
+    Purge {
+        /// Keep what was published more recently than this (7d, 12h, 15m).
+        #[arg(long, value_parser = report::duration)]
+        older_than: std::time::Duration,
+        /// Messages per transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch: u32,
+        /// Do it. Without it, the command counts what it would delete and changes nothing.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// Which dead messages an action takes, and whether to take it.
@@ -44,13 +57,55 @@ pub(crate) struct Targets {
     yes: bool,
 }
 
-pub(crate) async fn run(database: &Database, command: &Command, json: bool) -> Result<(), Failure> {
+pub(crate) async fn run(
+    database: &Database,
+    command: &Command,
+    actor: &str,
+    json: bool,
+) -> Result<(), Failure> {
     match command {
         Command::Backlog => backlog(database, json).await,
         Command::Dead { all_messages } => dead(database, *all_messages, json).await,
-        Command::Requeue(targets) => act(database, targets, Action::Requeue, json).await,
-        Command::Discard(targets) => act(database, targets, Action::Discard, json).await,
+        Command::Requeue(targets) => act(database, targets, Action::Requeue, actor, json).await,
+        Command::Discard(targets) => act(database, targets, Action::Discard, actor, json).await,
+        Command::Purge {
+            older_than,
+            batch,
+            yes,
+        } => purge(database, *older_than, *batch, *yes, actor, json).await,
     }
+}
+
+async fn purge(
+    database: &Database,
+    older_than: std::time::Duration,
+    batch: u32,
+    yes: bool,
+    actor: &str,
+    json: bool,
+) -> Result<(), Failure> {
+    if !yes {
+        let n = with_pool!(database, pool => idem::outbox::purgeable(pool, older_than).await)
+            .map_err(Failure::database)?;
+        report::done(
+            json,
+            &format!(
+                "would delete {n} published message(s)\nnothing changed: run again with --yes to do it"
+            ),
+            serde_json::json!({"dry_run": true, "messages": n}),
+        );
+        return Ok(());
+    }
+    let n = with_pool!(database, pool => idem::outbox::purge(pool, older_than, batch).await)
+        .map_err(Failure::database)?;
+    let what = format!("purged {n} published outbox message(s)");
+    report::audit(actor, &what);
+    report::done(
+        json,
+        &what,
+        serde_json::json!({"dry_run": false, "messages": n}),
+    );
+    Ok(())
 }
 
 async fn backlog(database: &Database, json: bool) -> Result<(), Failure> {
@@ -190,6 +245,7 @@ async fn act(
     database: &Database,
     targets: &Targets,
     action: Action,
+    actor: &str,
     json: bool,
 ) -> Result<(), Failure> {
     if targets.ids.is_empty() && targets.error.is_none() && !targets.all {
@@ -241,11 +297,19 @@ async fn act(
     let (mut changed, mut gone) = (Vec::new(), Vec::new());
     for id in ids {
         let did = with_pool!(database, pool => match action {
-            Action::Requeue => idem::outbox::requeue(pool, id).await,
+            Action::Requeue => idem::outbox::requeue_by(pool, id, actor).await,
             Action::Discard => idem::outbox::discard(pool, id).await,
         })
         .map_err(Failure::database)?;
-        if did { changed.push(id) } else { gone.push(id) }
+        if did {
+            report::audit(
+                actor,
+                &format!("{} the outbox message `{id}`", action.done()),
+            );
+            changed.push(id)
+        } else {
+            gone.push(id)
+        }
     }
     let mut line = format!("{} {} dead message(s)", action.done(), changed.len());
     if !gone.is_empty() {

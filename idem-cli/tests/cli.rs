@@ -3,8 +3,11 @@
 //! `IDEM_TEST_REQUIRE_SERVERS=1`): migrate; the backlog; the dead messages grouped by
 //! error; a requeue that is a dry run without `--yes`, refused for an id that is not a
 //! dead message (exit 3, nothing changed), and done for a group while a relay runs (each
-//! message published once, its key's held message after it); a discard; bad input (an
-//! unknown URL scheme, no URL) with exit 2.
+//! message published once, its key's held message after it); a discard; a purge; `check`
+//! before and after `migrate` (exit 4, then 0); the inbox's groups, stuck and parked
+//! records, a revive and a release (dry runs first, exit 3 for a record not in the state
+//! needed), a purge; every change logged with who made it; bad input (an unknown URL
+//! scheme, no URL) with exit 2.
 
 use idem::outbox::{self, Message, Outgoing, PublishError, Published, Publisher, Relay};
 use serde_json::Value;
@@ -68,11 +71,33 @@ impl Publisher for Counting {
 }
 
 async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
+    // Before `migrate`: `check` says what is missing, with exit 4.
+    let unmigrated = json(url, &["check"], 4);
+    assert_eq!(unmigrated["ok"], false);
+    assert_eq!(unmigrated["current"], Value::Null);
+    assert_eq!(
+        unmigrated["problems"],
+        serde_json::json!(["there is no table `idem_results`"])
+    );
     let out = idem(Some(url), &["migrate"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "idem's tables are up to date"
+    );
+
+    let checked = json(url, &["check"], 0);
+    assert_eq!(checked["ok"], true);
+    let migrations = checked["migrations"].as_array().unwrap();
+    assert!(migrations.len() >= 4 && migrations.iter().all(|m| m["applied"] == true));
+    assert_eq!(checked["current"], migrations.last().unwrap()["name"]);
+    let text = idem(Some(url), &["check"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.starts_with("migration")
+            && text.contains("0001_idem.sql")
+            && text.contains("\non migration 000"),
+        "{text}"
     );
 
     // Three messages die (two refused, one timed out); `d` waits behind `a`, its key's.
@@ -119,12 +144,24 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
         .poll_interval(Duration::from_millis(20))
         .spawn()
         .unwrap();
-    let requeued = json(
-        url,
-        &["outbox", "requeue", "--error", "refused", "--yes"],
-        0,
+    let out = idem(
+        Some(url),
+        &[
+            "outbox", "requeue", "--error", "refused", "--yes", "--json", "--actor", "alice",
+        ],
     );
+    assert!(out.status.success(), "{out:?}");
+    let requeued: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(requeued["requeued"], serde_json::json!(["a", "b"]));
+    // Each action logged: when, who, what.
+    let log = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].starts_with("idem: 20")
+            && lines[0].ends_with("Z alice requeued the outbox message `a`"),
+        "{log}"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while published.0.lock().unwrap().len() < 3 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -152,6 +189,146 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     // An action names its messages.
     let unnamed = idem(Some(url), &["outbox", "requeue", "--yes"]);
     assert_eq!(unnamed.status.code(), Some(2), "{unnamed:?}");
+
+    // The published ones purged: counted first, then deleted.
+    let dry = json(url, &["outbox", "purge", "--older-than", "0s"], 0);
+    assert_eq!(
+        (dry["dry_run"].as_bool(), dry["messages"].as_u64()),
+        (Some(true), Some(3))
+    );
+    assert_eq!(
+        json(url, &["outbox", "purge", "--older-than", "1h"], 0)["messages"],
+        0
+    );
+    let purged = json(url, &["outbox", "purge", "--older-than", "0s", "--yes"], 0);
+    assert_eq!(purged["messages"], 3);
+    let bad = idem(Some(url), &["outbox", "purge", "--older-than", "3 weeks"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+
+    inbox(url, &pool).await;
+}
+
+/// The inbox's records from the command line: stuck, parked, their repairs, a purge.
+async fn inbox<DB: idem::Backend>(url: &str, pool: &sqlx::Pool<DB>) {
+    use idem::inbox::{Claimed, Inbox, MessageKey};
+    let claim = |inbox: Inbox, key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let key = MessageKey::new(key).unwrap();
+            match inbox.claim::<DB, String>(&pool, &key, b"{}").await.unwrap() {
+                Claimed::Work(lease) => lease,
+                Claimed::Done(done) => panic!("not claimed: {done:?}"),
+            }
+        }
+    };
+    let billing = Inbox::new("billing").unwrap().max_attempts(1);
+    let done = claim(billing.clone(), "done").await;
+    let _ = done
+        .complete(pool, Ok::<_, String>("paid".to_owned()))
+        .await;
+    let parked = claim(billing.clone(), "parked").await;
+    let _ = parked
+        .complete(pool, Err::<String, _>("no such account"))
+        .await;
+    let _stuck = claim(billing.clone().lease(Duration::from_millis(10)), "stuck").await;
+    let _held = claim(billing.clone().lease(Duration::from_secs(3600)), "held").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let groups = json(url, &["inbox", "groups"], 0);
+    let group = &groups["groups"][0];
+    assert_eq!(
+        (
+            group["group"].as_str(),
+            group["processing"].as_u64(),
+            group["stuck"].as_u64(),
+            group["succeeded"].as_u64(),
+            group["dead"].as_u64()
+        ),
+        (Some("billing"), Some(2), Some(1), Some(1), Some(1))
+    );
+    let stuck = json(url, &["inbox", "stuck"], 0);
+    assert_eq!(stuck["records"][0]["key"], "stuck");
+    assert_eq!(stuck["records"].as_array().unwrap().len(), 1);
+    let dead = json(url, &["inbox", "dead", "--group", "billing"], 0);
+    assert_eq!(dead["records"][0]["error"], "no such account");
+    assert!(
+        dead["records"][0].get("result").is_none(),
+        "no result is shown"
+    );
+    let table = idem(Some(url), &["inbox", "dead"]);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        table.starts_with("group    key") && table.contains("no such account"),
+        "{table}"
+    );
+
+    // Repairs: a dry run first; a record not in the state needed, or not there, is exit 3.
+    let dry = json(url, &["inbox", "revive", "billing", "parked"], 0);
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(
+        json(url, &["inbox", "dead"], 0)["records"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let wrong = json(url, &["inbox", "revive", "billing", "done", "--yes"], 3);
+    assert!(
+        wrong["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is SUCCESS, not DEAD"),
+        "{wrong}"
+    );
+    json(url, &["inbox", "release", "billing", "nothing", "--yes"], 3);
+    let out = idem(
+        Some(url),
+        &[
+            "inbox", "revive", "billing", "parked", "--yes", "--actor", "bob",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .ends_with("Z bob revived the inbox record `parked` in `billing`\n"),
+        "{out:?}"
+    );
+    let failed = json(url, &["inbox", "failed"], 0);
+    assert_eq!(failed["records"][0]["key"], "parked");
+    assert_eq!(failed["records"][0]["error"], "revived by bob");
+    assert_eq!(failed["records"][0]["attempts"], 0);
+    let out = idem(
+        Some(url),
+        &[
+            "inbox", "release", "billing", "held", "--yes", "--actor", "bob",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let stuck = json(url, &["inbox", "stuck", "--group", "billing"], 0);
+    let keys: Vec<&str> = stuck["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 2, "{stuck}");
+    assert!(keys.contains(&"held") && keys.contains(&"stuck"), "{stuck}");
+
+    // A purge of the finished records (done; the revived one is FAILED): counted, then done.
+    let dry = json(url, &["inbox", "purge", "billing", "--older-than", "0s"], 0);
+    assert_eq!(dry["records"], 2);
+    let purged = json(
+        url,
+        &["inbox", "purge", "billing", "--older-than", "0s", "--yes"],
+        0,
+    );
+    assert_eq!(purged["records"], 2);
+    let groups = json(url, &["inbox", "groups"], 0);
+    assert_eq!(groups["groups"][0]["succeeded"], 0);
+    assert_eq!(groups["groups"][0]["processing"], 2);
+    // A group name idem refuses is a usage error.
+    let bad = idem(Some(url), &["inbox", "purge", "", "--older-than", "1d"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
 fn require_servers() -> bool {

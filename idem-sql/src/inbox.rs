@@ -161,6 +161,11 @@ pub const RECORDS: &str = "SELECT consumer_group, message_key, status, attempts,
     AND ($3 = 0 OR lease_until <= COALESCE($4, {now})) \
     ORDER BY updated_at, consumer_group, message_key LIMIT $5";
 
+/// The record of `$1` group, `$2` key, as [`RECORDS`] lists it.
+pub const RECORD: &str = "SELECT consumer_group, message_key, status, attempts, error, \
+    lease_until, created_at, updated_at FROM idem_inbox \
+    WHERE consumer_group = $1 AND message_key = $2";
+
 /// Ends the lease of a PROCESSING record now (`$4`, NULL: the database's), so the next
 /// delivery takes it over at once; `$3` says who, in its error.
 pub const RELEASE: &str = "UPDATE idem_inbox \
@@ -330,6 +335,8 @@ pub struct InboxSql {
     pub groups: String,
     /// [`RECORDS`].
     pub records: String,
+    /// [`RECORD`].
+    pub record: String,
     /// [`RELEASE`].
     pub release: String,
     /// [`REVIVE`].
@@ -390,6 +397,7 @@ impl InboxSql {
             now: spell(NOW),
             groups: spell(GROUPS),
             records: spell(RECORDS),
+            record: RECORD.to_owned(),
             release: spell(RELEASE),
             revive: spell(REVIVE),
             purgeable: spell(PURGEABLE),

@@ -249,9 +249,10 @@ pub const FAILED: &str = "UPDATE idem_outbox \
 pub const CANCEL: &str = "DELETE FROM idem_outbox WHERE id = $1 AND published_at IS NULL \
     AND (claimed_until IS NULL OR claimed_until <= {now})";
 
-/// Puts a dead message (`$1` id) back, as new: attempts from 0, due now.
+/// Puts a dead message (`$1` id) back, as new: attempts from 0, due now; its last error
+/// becomes `$2` (who requeued it; `''`: none).
 pub const REQUEUE: &str = "UPDATE idem_outbox \
-    SET dead_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = {now}, claimed_until = NULL \
+    SET dead_at = NULL, attempts = 0, last_error = NULLIF($2, ''), next_attempt_at = {now}, claimed_until = NULL \
     WHERE id = $1 AND dead_at <> 0";
 
 /// Deletes a dead message (`$1` id): its key's successors go on without it.
@@ -297,6 +298,9 @@ pub const PURGE_MYSQL: &str = "DELETE FROM idem_outbox WHERE published_at < {now
 pub const PURGE_SQLITE: &str = "DELETE FROM idem_outbox WHERE seq IN (\
     SELECT seq FROM idem_outbox WHERE published_at < {now} - $1 \
     ORDER BY published_at LIMIT $2)";
+
+/// How many messages a purge with retention `$1` milliseconds would delete now, as `n`.
+pub const PURGEABLE: &str = "SELECT COUNT(*) AS n FROM idem_outbox WHERE published_at < {now} - $1";
 
 /// Whether a relay claims by row lock for the length of its transaction (PostgreSQL,
 /// MySQL) or by a lease it commits before publishing (SQLite, whose one writer a relay must
@@ -355,6 +359,8 @@ pub struct OutboxSql {
     pub next_due: String,
     /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
     pub purge: String,
+    /// [`PURGEABLE`].
+    pub purgeable: String,
     /// [`HOLD`].
     pub hold: String,
     /// [`LOCK_DEAD`].
@@ -441,6 +447,7 @@ impl OutboxSql {
             dead: DEAD.to_owned(),
             backlog: spell(BACKLOG),
             next_due: spell(NEXT_DUE),
+            purgeable: spell(PURGEABLE),
             purge: spell(match dialect {
                 Dialect::Postgres => PURGE_POSTGRES,
                 Dialect::Sqlite => PURGE_SQLITE,

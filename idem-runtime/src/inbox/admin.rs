@@ -128,9 +128,12 @@ pub async fn records<DB: Backend>(
     ];
     let rows = DB::fetch_all(conn, sql, &params).await?;
     opened.end(true).await?;
-    Ok(rows
-        .into_iter()
-        .map(|mut row| InboxRecord {
+    Ok(rows.into_iter().map(InboxRecord::from_row).collect())
+}
+
+impl InboxRecord {
+    fn from_row(mut row: Record) -> InboxRecord {
+        InboxRecord {
             group: row.take_text("consumer_group").unwrap_or_default(),
             key: row.take_text("message_key").unwrap_or_default(),
             status: row.take_text("status").unwrap_or_default(),
@@ -141,11 +144,27 @@ pub async fn records<DB: Backend>(
             lease_until_millis: row.int("lease_until"),
             created_at_millis: row.int("created_at").unwrap_or(0),
             updated_at_millis: row.int("updated_at").unwrap_or(0),
-        })
-        .collect())
+        }
+    }
 }
 
 impl Inbox {
+    /// The record of `key` in this inbox's group, without its result; `None` if the key
+    /// was never delivered (or its record was purged).
+    pub async fn record<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+    ) -> Result<Option<InboxRecord>, sqlx::Error> {
+        let mut opened = Opened::read(pool).await?;
+        let conn = opened.connection();
+        let sql = &DB::dialect(conn)?.inbox().record;
+        let params = [Param::Text(&self.group), Param::Text(key.as_str())];
+        let row = DB::fetch(conn, sql, &params).await?;
+        opened.end(true).await?;
+        Ok(row.map(InboxRecord::from_row))
+    }
+
     /// Ends the lease of the PROCESSING record of `key` now, so the next delivery of its
     /// message takes it over at once instead of waiting for the lease to run out: for a
     /// worker known dead under a long lease. `by` (a person, a tool) is written into the

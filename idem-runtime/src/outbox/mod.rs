@@ -245,9 +245,33 @@ pub async fn dead<DB: Backend>(
 /// dead. Its ordering key goes on once it is published: the messages held behind it are
 /// released in the same transaction ([`Backlog::held`]).
 pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
+    requeued(pool, id, None).await
+}
+
+/// [`requeue`], noting who did it: the message's last error reads `requeued by <by>` until
+/// its next attempt (a failure writes its own), and the requeue is logged (`tracing`, at
+/// INFO).
+pub async fn requeue_by<DB: Backend>(
+    pool: &Pool<DB>,
+    id: &str,
+    by: &str,
+) -> Result<bool, Error<Infallible>> {
+    let note = format!("requeued by {by}");
+    let done = requeued(pool, id, Some(&note)).await?;
+    if done {
+        tracing::info!(id, by, "idem outbox message requeued");
+    }
+    Ok(done)
+}
+
+async fn requeued<DB: Backend>(
+    pool: &Pool<DB>,
+    id: &str,
+    note: Option<&str>,
+) -> Result<bool, Error<Infallible>> {
     let plan = Admin {
         statement: |sql| &sql.requeue,
-        params: vec![Param::Text(id)],
+        params: vec![Param::Text(id), Param::Text(note.unwrap_or(""))],
         name: "requeued",
         around: Around::Revives,
     };
@@ -256,6 +280,9 @@ pub async fn requeue<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Err
 
 /// Deletes a dead message without publishing it: `true` if `id` was dead. Its ordering
 /// key's later messages go on without it, released in the same transaction.
+///
+/// Nothing of it is left to note who did it in: log that yourself (the CLI's `idem outbox
+/// discard` does, on its standard error).
 pub async fn discard<DB: Backend>(pool: &Pool<DB>, id: &str) -> Result<bool, Error<Infallible>> {
     let plan = Admin {
         statement: |sql| &sql.discard,
@@ -292,6 +319,21 @@ pub async fn purge<DB: Backend>(
         }
         tokio::task::yield_now().await;
     }
+}
+
+/// How many messages [`purge`] with `retention` would delete now (a dry run), by the
+/// database's clock.
+pub async fn purgeable<DB: Backend>(
+    pool: &Pool<DB>,
+    retention: Duration,
+) -> Result<u64, sqlx::Error> {
+    let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = &DB::dialect(conn)?.outbox().purgeable;
+    let row = DB::fetch(conn, sql, &[Param::Int(retention)]).await?;
+    opened.end(true).await?;
+    Ok(row.and_then(|r| r.int("n")).map_or(0, |n| n.max(0) as u64))
 }
 
 /// Releases what is held behind no dead message (`idem_sql::outbox::STRANDED`: a staging
