@@ -237,10 +237,22 @@ async fn a_day_past_the_window_is_dropped_with_its_records_and_its_failures_kept
     let Some(pool) = setup("partition_drop").await else {
         return;
     };
+    assert!(!partitions::status(&pool).await.unwrap().is_partitioned());
     partitions::partition(&pool).await.unwrap();
+    let before = partitions::status(&pool).await.unwrap();
+    assert!(
+        before.is_partitioned() && before.days.is_empty(),
+        "{before:?}"
+    );
+    let would = before.would_maintain(3, 1);
     let first = partitions::maintain(&pool, 3, 1).await.unwrap();
     assert_eq!(first.created.len(), 5, "{first:?}");
+    assert_eq!(would, first, "the dry run says what the maintenance does");
     let day = today(&pool).await;
+    let status = partitions::status(&pool).await.unwrap();
+    assert_eq!(status.days.len(), 5, "{status:?}");
+    assert_eq!(status.days[3], status.today);
+    assert_eq!(status.today.len(), "YYYY-MM-DD".len());
     let inbox = Inbox::new("old").unwrap().max_attempts(3);
     let old = dated(1, day - 2);
     assert!(
@@ -260,7 +272,12 @@ async fn a_day_past_the_window_is_dropped_with_its_records_and_its_failures_kept
     );
 
     // Keep one day: the days three and two days ago go, with their records.
+    let would = partitions::status(&pool)
+        .await
+        .unwrap()
+        .would_maintain(1, 1);
     let dropped = partitions::maintain(&pool, 1, 1).await.unwrap();
+    assert_eq!(would, dropped, "the dry run says what the maintenance does");
     assert_eq!(dropped.dropped.len(), 2, "{dropped:?}");
     assert!(dropped.created.is_empty(), "{dropped:?}");
     assert_eq!(partition_of(&pool, "old", &old).await, None);
@@ -428,6 +445,7 @@ async fn partitions_are_refused_on_sqlite_with_a_reason() {
     let refused = partitions::partition(&pool).await.unwrap_err().to_string();
     assert!(refused.contains("on SQLite purge the inbox"), "{refused}");
     assert!(partitions::maintain(&pool, 3, 1).await.is_err());
+    assert!(partitions::status(&pool).await.is_err());
 }
 
 /// The same on MariaDB, where the table is partitioned in place and its ranges are
@@ -545,8 +563,16 @@ mod mysql {
             Some("idem_inbox_dated_future")
         );
 
+        let would = partitions::status(&pool)
+            .await
+            .unwrap()
+            .would_maintain(2, 1);
         let made = partitions::maintain(&pool, 2, 1).await.unwrap();
         assert_eq!(made.created.len(), 4, "{made:?}");
+        assert_eq!(would, made, "the dry run says what the maintenance does");
+        let status = partitions::status(&pool).await.unwrap();
+        assert_eq!(status.days.len(), 4, "{status:?}");
+        assert!(status.others.contains(&"idem_inbox_undated_low".to_owned()));
         assert_eq!(
             partitions::maintain(&pool, 2, 1).await.unwrap(),
             Maintained::default()

@@ -14,6 +14,7 @@ mod check;
 mod database;
 mod inbox;
 mod outbox;
+mod partitions;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +57,9 @@ enum Command {
     /// The outbox: its backlog, its dead messages, requeueing and discarding them.
     #[command(subcommand)]
     Outbox(outbox::Command),
+    /// The inbox partitioned by day (PostgreSQL, MariaDB/MySQL): its days and their window.
+    #[command(subcommand)]
+    Partitions(partitions::Command),
 }
 
 fn main() -> ExitCode {
@@ -101,5 +105,6 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Command::Inbox(command) => inbox::run(&database, command, &actor, cli.json).await,
         Command::Outbox(command) => outbox::run(&database, command, &actor, cli.json).await,
+        Command::Partitions(command) => partitions::run(&database, command, &actor, cli.json).await,
     }
 }

@@ -206,6 +206,63 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 
     inbox(url, &pool).await;
+    partitions(url);
+}
+
+/// The inbox's partitions: refused on SQLite; elsewhere made, then kept, dry runs first.
+fn partitions(url: &str) {
+    if url.starts_with("sqlite:") {
+        let refused = json(url, &["partitions", "status"], 1);
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("on SQLite purge the inbox"),
+            "{refused}"
+        );
+        return;
+    }
+    assert_eq!(
+        json(url, &["partitions", "status"], 0)["partitioned"],
+        false
+    );
+    json(url, &["partitions", "maintain", "--keep-days", "2"], 3);
+    assert_eq!(json(url, &["partitions", "create"], 0)["dry_run"], true);
+    assert_eq!(
+        json(url, &["partitions", "status"], 0)["partitioned"],
+        false
+    );
+    let out = idem(
+        Some(url),
+        &["partitions", "create", "--yes", "--actor", "carol"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Z carol partitioned the inbox by day"));
+    let status = json(url, &["partitions", "status"], 0);
+    assert_eq!(status["partitioned"], true);
+    assert_eq!(status["days"], serde_json::json!([]));
+    let would = json(url, &["partitions", "maintain", "--keep-days", "2"], 0);
+    assert_eq!(would["dry_run"], true);
+    assert_eq!(would["created"].as_array().unwrap().len(), 5, "{would}");
+    assert_eq!(
+        json(url, &["partitions", "status"], 0)["days"],
+        serde_json::json!([])
+    );
+    let made = json(
+        url,
+        &["partitions", "maintain", "--keep-days", "2", "--yes"],
+        0,
+    );
+    assert_eq!(made["created"], would["created"]);
+    let status = json(url, &["partitions", "status"], 0);
+    assert_eq!(status["days"].as_array().unwrap().len(), 5);
+    assert_eq!(status["days"][2], status["today"]);
+    let again = json(
+        url,
+        &["partitions", "maintain", "--keep-days", "2", "--yes"],
+        0,
+    );
+    assert_eq!(again["created"], serde_json::json!([]));
 }
 
 /// The inbox's records from the command line: stuck, parked, their repairs, a purge.

@@ -197,6 +197,76 @@ pub async fn maintain<DB: Backend>(
     Ok(done)
 }
 
+/// The partitions of a partitioned inbox, by the database's day ([`status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitions {
+    /// The database's day (UTC), `YYYY-MM-DD`.
+    pub today: String,
+    /// The days that have a partition, oldest first, `YYYY-MM-DD`.
+    pub days: Vec<String>,
+    /// The other partitions: keys without a day, dated keys outside the days.
+    pub others: Vec<String>,
+    today_number: i64,
+    day_numbers: BTreeSet<i64>,
+}
+
+impl Partitions {
+    /// Whether `idem_inbox` is partitioned ([`partition`] ran).
+    pub fn is_partitioned(&self) -> bool {
+        !self.days.is_empty() || !self.others.is_empty()
+    }
+
+    /// What [`maintain`] with `keep_days` and `ahead_days` would do now, as its report
+    /// says it: a dry run. The day partitions past the window go, the days missing from it
+    /// are made.
+    pub fn would_maintain(&self, keep_days: u32, ahead_days: u32) -> Maintained {
+        let first = self.today_number - i64::from(keep_days);
+        let last = self.today_number + i64::from(ahead_days);
+        Maintained {
+            created: (first..=last)
+                .filter(|d| !self.day_numbers.contains(d))
+                .map(|d| sql::day_partition(&day_of(d)))
+                .collect(),
+            dropped: self
+                .day_numbers
+                .range(..first)
+                .map(|d| sql::day_partition(&day_of(*d)))
+                .collect(),
+        }
+    }
+}
+
+/// The partitions `idem_inbox` has, and the database's day: to see the window of days
+/// before [`maintain`] (and what it would do, [`Partitions::would_maintain`]). Refused on
+/// SQLite, as [`partition`] is.
+pub async fn status<DB: Backend>(pool: &Pool<DB>) -> Result<Partitions, sqlx::Error> {
+    let (today, names) = match partitioned_dialect::<DB>(pool)? {
+        Dialect::MySql => (sql::MYSQL_TODAY, sql::MYSQL_PARTITIONS),
+        _ => (sql::POSTGRES_TODAY, sql::POSTGRES_PARTITIONS),
+    };
+    let mut conn = pool.acquire().await?;
+    let today = DB::fetch(&mut conn, today, &[])
+        .await?
+        .and_then(|row| row.int("today"))
+        .ok_or_else(|| sqlx::Error::Protocol("idem: the database gave no date".into()))?;
+    let names: Vec<String> = DB::fetch_all(&mut conn, names, &[])
+        .await?
+        .into_iter()
+        .filter_map(|mut row| row.take_text("name"))
+        .collect();
+    let day_numbers: BTreeSet<i64> = names.iter().filter_map(|n| day_named(n)).collect();
+    Ok(Partitions {
+        today: day_of(today),
+        days: day_numbers.iter().map(|d| day_of(*d)).collect(),
+        others: names
+            .into_iter()
+            .filter(|n| day_named(n).is_none())
+            .collect(),
+        today_number: today,
+        day_numbers,
+    })
+}
+
 /// What [`maintain`] finds to do, read in a transaction.
 struct Plan {
     /// The first day kept.
