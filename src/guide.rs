@@ -15,6 +15,8 @@
 //! - [`scaling`]: past one database server — the ambiguous commit, MariaDB Galera, PostgreSQL
 //!   failover, pgbouncer, the test clusters.
 //! - [`observability`]: the span of every call, and its counters (feature `metrics`).
+//! - [`operating`]: operating idem — the `idem` command for the people on call, from an
+//!   alert to a repair.
 //! - [`schema`]: bad data is an error, never a guess; checking the schema at start-up, and
 //!   letting the database enforce the machine.
 //! - [`testing`]: testing your own handlers (feature `testing`).
@@ -48,6 +50,9 @@ pub mod scaling {}
 
 #[doc = include_str!("../docs/guide/observability.md")]
 pub mod observability {}
+
+#[doc = include_str!("../docs/guide/operating.md")]
+pub mod operating {}
 
 #[doc = include_str!("../docs/guide/schema.md")]
 pub mod schema {}

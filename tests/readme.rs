@@ -10,7 +10,7 @@ macro_rules! page {
 }
 
 /// The README and the guide's pages.
-const PAGES: [(&str, &str); 13] = [
+const PAGES: [(&str, &str); 14] = [
     page!("README.md"),
     page!("docs/guide/transitions.md"),
     page!("docs/guide/sql.md"),
@@ -24,6 +24,7 @@ const PAGES: [(&str, &str); 13] = [
     page!("docs/guide/testing.md"),
     page!("docs/guide/proofs.md"),
     page!("docs/guide/schedule.md"),
+    page!("docs/guide/operating.md"),
 ];
 
 const README: &str = PAGES[0].1;

@@ -462,6 +462,60 @@ async fn operate_mysql() {
     operate(&url.replacen("mysql:", "mariadb:", 1), pool).await;
 }
 
+/// A command line as a shell splits it: words, and "quoted words".
+fn words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// Every `idem …` line the docs show is a command `idem` accepts: run on a database that
+/// cannot open, each ends in a database error (exit 1), never a usage error (exit 2).
+#[test]
+fn every_command_the_docs_show_parses() {
+    let nowhere = std::env::temp_dir().join("idem-no-such-dir/db.sqlite");
+    let url = format!("sqlite:{}", nowhere.display());
+    let mut seen = 0;
+    for (name, page) in [
+        ("README.md", include_str!("../README.md")),
+        (
+            "docs/guide/operating.md",
+            include_str!("../../docs/guide/operating.md"),
+        ),
+    ] {
+        for block in page.split("```text\n").skip(1) {
+            let block = block.split("\n```").next().unwrap();
+            for line in block.lines().filter(|l| l.starts_with("idem ")) {
+                let command = line.split(" #").next().unwrap().trim();
+                let args = words(command);
+                let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+                let out = idem(Some(&url), &args);
+                assert_eq!(
+                    out.status.code(),
+                    Some(1),
+                    "{name}: `{command}`: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 30, "{seen} commands read");
+}
+
 #[test]
 fn bad_input_is_a_usage_error() {
     let out = idem(Some("redis://127.0.0.1/0"), &["outbox", "backlog"]);
