@@ -41,6 +41,7 @@ mod composite_keys;
 mod composition;
 mod concurrency;
 mod conformance;
+mod console;
 mod consumer_handlers;
 mod crashes;
 mod creation;

@@ -10,6 +10,8 @@
 mod backend;
 #[cfg(feature = "redis")]
 pub mod cache;
+#[cfg(feature = "console")]
+pub mod console;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

@@ -56,7 +56,7 @@ mod problem;
 mod response;
 mod scope;
 mod service;
-mod token;
+pub(crate) mod token;
 
 pub use db_error::DbError;
 pub use extract::{Committed, RequestKey, Tx};

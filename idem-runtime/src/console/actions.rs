@@ -1,0 +1,150 @@
+//! The console's actions: POSTs checked by the guard (read-only, another site, the
+//! person's token), run through idem's own functions as the person acting, then redirected
+//! back to their page with a note of what was done.
+
+use super::guard::{refusal, refused};
+use super::pages::{Looked, base};
+use crate::backend::Backend;
+use crate::http::token::form_field;
+use crate::inbox::{Inbox, MessageKey};
+use crate::outbox;
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode, header};
+
+/// The most dead messages an action on a group reads.
+const MAX_GROUP: u32 = 100_000;
+
+/// Back to `page`, with `note` to show there.
+fn back(looked_base: &str, page: &str, note: &str) -> Response {
+    let location = format!("{looked_base}{page}?note={}", encode(note));
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+/// Percent-encoding of a query value: everything but the unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn database(e: impl std::fmt::Display) -> Response {
+    refused(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &format!("the database refused: {e}"),
+    )
+}
+
+/// `POST /outbox`: `action` (`requeue`, `discard`) on the dead message `id`, or on every
+/// dead message whose last error is `error`.
+pub(crate) async fn outbox<DB: Backend>(
+    (State(shared), Extension(actor), OriginalUri(original), uri): Looked<DB>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let field = |name: &str| form_field(&body, name);
+    if let Some(why) = refusal(&shared, &headers, &actor, field("csrf").as_deref()) {
+        return refused(StatusCode::FORBIDDEN, why);
+    }
+    let pool = &shared.pool;
+    let ids: Vec<String> = match (field("id"), field("error")) {
+        (Some(id), _) => vec![id],
+        (None, Some(error)) => match outbox::dead(pool, MAX_GROUP).await {
+            Ok(dead) => dead
+                .into_iter()
+                .filter(|m| m.last_error.as_deref().unwrap_or("") == error)
+                .map(|m| m.id)
+                .collect(),
+            Err(e) => return database(e),
+        },
+        (None, None) => return refused(StatusCode::BAD_REQUEST, "name a message or an error"),
+    };
+    let action = field("action");
+    let mut done = 0;
+    for id in &ids {
+        let changed = match action.as_deref() {
+            Some("requeue") => outbox::requeue_by(pool, id, &actor.0).await,
+            Some("discard") => {
+                let discarded = outbox::discard(pool, id).await;
+                if let Ok(true) = discarded {
+                    tracing::info!(id = %id, by = %actor.0, "idem outbox message discarded");
+                }
+                discarded
+            }
+            _ => return refused(StatusCode::BAD_REQUEST, "unknown action"),
+        };
+        match changed {
+            Ok(true) => done += 1,
+            Ok(false) => {}
+            Err(e) => return database(e),
+        }
+    }
+    let verb = if action.as_deref() == Some("requeue") {
+        "requeued"
+    } else {
+        "discarded"
+    };
+    let mut note = format!("{} {verb} {done} dead message(s)", actor.0);
+    if done < ids.len() {
+        note.push_str(&format!(
+            "; {} were no longer dead (requeued or discarded meanwhile)",
+            ids.len() - done
+        ));
+    }
+    back(&base(&original, &uri), "/outbox", &note)
+}
+
+/// `POST /inbox`: `action` (`release`, `revive`) on the record of `group` and `key`.
+pub(crate) async fn inbox<DB: Backend>(
+    (State(shared), Extension(actor), OriginalUri(original), uri): Looked<DB>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let field = |name: &str| form_field(&body, name);
+    if let Some(why) = refusal(&shared, &headers, &actor, field("csrf").as_deref()) {
+        return refused(StatusCode::FORBIDDEN, why);
+    }
+    let (Some(group), Some(key)) = (field("group"), field("key")) else {
+        return refused(StatusCode::BAD_REQUEST, "name a group and a key");
+    };
+    let (Ok(inbox), Ok(message)) = (Inbox::new(group.as_str()), MessageKey::new(key.as_str()))
+    else {
+        return refused(StatusCode::BAD_REQUEST, "not a group or key idem records");
+    };
+    let pool = &shared.pool;
+    let (changed, verb, needs) = match field("action").as_deref() {
+        Some("release") => (
+            inbox.release(pool, &message, &actor.0).await,
+            "released the lease of",
+            "PROCESSING",
+        ),
+        Some("revive") => (
+            inbox.revive(pool, &message, &actor.0).await,
+            "revived",
+            "DEAD",
+        ),
+        _ => return refused(StatusCode::BAD_REQUEST, "unknown action"),
+    };
+    let note = match changed {
+        Ok(true) => format!("{} {verb} `{key}` in `{group}`", actor.0),
+        Ok(false) => format!("`{key}` in `{group}` is no longer {needs}: nothing changed"),
+        Err(e) => return database(e),
+    };
+    back(&base(&original, &uri), "/inbox", &note)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_note_is_encoded_for_the_query() {
+        assert_eq!(super::encode("a b&c=`d`"), "a%20b%26c%3D%60d%60");
+    }
+}

@@ -1,0 +1,393 @@
+//! The console's pages: an overview, the outbox, the inbox, idem's tables. Each reads
+//! through idem's public functions, and none shows a payload or a result.
+
+use super::Shared;
+use super::guard::{Actor, token};
+use super::html::{self, Frame, ago, button, escape, table};
+use crate::backend::Backend;
+use crate::inbox::{self, RecordStatus};
+use crate::outbox::{self, DeadMessage};
+use axum::Extension;
+use axum::extract::{OriginalUri, State};
+use axum::response::{Html, IntoResponse, Response};
+use http::{StatusCode, Uri};
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::sync::Arc;
+
+/// What every page's handler extracts.
+pub(crate) type Looked<DB> = (State<Arc<Shared<DB>>>, Extension<Actor>, OriginalUri, Uri);
+
+/// The path the console is nested at: the original path without the router's own.
+pub(crate) fn base(original: &Uri, uri: &Uri) -> String {
+    let full = original.path();
+    let own = uri.path();
+    let base = if own == "/" {
+        full.trim_end_matches('/')
+    } else {
+        full.strip_suffix(own).unwrap_or("")
+    };
+    base.to_owned()
+}
+
+/// Renders `body` (or the error that kept it from being read) as the page `here`.
+fn render<E: Display>(
+    (State(shared), Extension(actor), OriginalUri(original), uri): Looked<impl Backend>,
+    here: &str,
+    title: &str,
+    body: impl FnOnce(&Frame<'_>) -> Result<String, E>,
+) -> Response {
+    let base = base(&original, &uri);
+    let token = token(&shared.secret, &actor.0);
+    let note = uri
+        .query()
+        .and_then(|q| crate::http::token::form_field(q.as_bytes(), "note"));
+    let frame = Frame {
+        base: &base,
+        actor: &actor.0,
+        token: (!shared.read_only).then_some(token.as_str()),
+        note: note.as_deref(),
+    };
+    match body(&frame) {
+        Ok(body) => Html(html::page(&frame, here, title, &body)).into_response(),
+        Err(e) => {
+            let body = format!(
+                "<p class=\"bad\">The database could not be read: {}</p>",
+                escape(&e.to_string())
+            );
+            let page = html::page(&frame, here, title, &body);
+            (StatusCode::INTERNAL_SERVER_ERROR, Html(page)).into_response()
+        }
+    }
+}
+
+fn tile(label: &str, value: impl Display, bad: bool) -> String {
+    let class = if bad { " class=\"bad\"" } else { "" };
+    format!(
+        "<div class=\"tile\"><b{class}>{}</b>{}</div>",
+        escape(&value.to_string()),
+        escape(label)
+    )
+}
+
+fn seconds(age: Option<std::time::Duration>) -> String {
+    age.map_or("-".to_owned(), |d| format!("{:.0}s", d.as_secs_f64()))
+}
+
+/// `/`: the outbox's backlog, each inbox group, the tables' migration.
+pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
+    let pool = &looked.0.pool;
+    let read = async {
+        Ok::<_, sqlx::Error>((
+            outbox::backlog(pool).await?,
+            inbox::groups(pool).await?,
+            crate::schema::tables::check_tables(pool, None).await?,
+        ))
+    }
+    .await;
+    render(looked, "/", "Overview", |frame| {
+        let (backlog, groups, tables) = read?;
+        let (stuck, dead) = groups
+            .iter()
+            .fold((0, 0), |(s, d), g| (s + g.stuck, d + g.dead));
+        let mut out = String::from("<div class=\"tiles\" id=\"tiles\">");
+        out.push_str(&tile("outbox pending", backlog.pending, false));
+        out.push_str(&tile("outbox dead", backlog.dead, backlog.dead > 0));
+        out.push_str(&tile(
+            "held behind a dead one",
+            backlog.held,
+            backlog.held > 0,
+        ));
+        out.push_str(&tile("oldest pending", seconds(backlog.oldest), false));
+        out.push_str(&tile("inbox stuck", stuck, stuck > 0));
+        out.push_str(&tile("inbox parked", dead, dead > 0));
+        out.push_str(&tile(
+            "tables",
+            tables.current().unwrap_or("not migrated"),
+            !tables.is_ok(),
+        ));
+        out.push_str("</div><h2>Inbox groups</h2>");
+        out.push_str(&groups_table(&groups));
+        let _ = frame;
+        Ok::<_, sqlx::Error>(out)
+    })
+}
+
+fn groups_table(groups: &[inbox::GroupRecords]) -> String {
+    if groups.is_empty() {
+        return "<p>The inbox has no records.</p>".to_owned();
+    }
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| {
+            vec![
+                escape(&g.group),
+                g.processing.to_string(),
+                g.stuck.to_string(),
+                g.succeeded.to_string(),
+                g.failed.to_string(),
+                g.dead.to_string(),
+                g.last_at_millis.map_or("-".to_owned(), ago),
+            ]
+        })
+        .collect();
+    table(
+        "groups",
+        &[
+            "group",
+            "processing",
+            "stuck",
+            "done",
+            "failed",
+            "parked",
+            "last touched",
+        ],
+        &[1, 2, 3, 4, 5],
+        &rows,
+    )
+}
+
+/// `/outbox`: the backlog, the dead messages by error and one by one, with their actions.
+pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
+    let pool = &looked.0.pool;
+    let limit = looked.0.limit;
+    let read = async {
+        Ok::<_, sqlx::Error>((
+            outbox::backlog(pool).await?,
+            outbox::dead(pool, 100_000).await?,
+        ))
+    }
+    .await;
+    render(looked, "/outbox", "Outbox", |frame| {
+        let (backlog, dead) = read?;
+        let mut out = String::from("<div class=\"tiles\">");
+        out.push_str(&tile("pending", backlog.pending, false));
+        out.push_str(&tile("dead", backlog.dead, backlog.dead > 0));
+        out.push_str(&tile(
+            "held behind a dead one",
+            backlog.held,
+            backlog.held > 0,
+        ));
+        out.push_str(&tile("oldest pending", seconds(backlog.oldest), false));
+        out.push_str("</div>");
+        if dead.is_empty() {
+            out.push_str("<h2>Dead messages</h2><p>No dead messages.</p>");
+            return Ok::<_, sqlx::Error>(out);
+        }
+        let mut by_error: BTreeMap<&str, Vec<&DeadMessage>> = BTreeMap::new();
+        for message in &dead {
+            by_error
+                .entry(message.last_error.as_deref().unwrap_or(""))
+                .or_default()
+                .push(message);
+        }
+        let mut groups: Vec<_> = by_error.into_iter().collect();
+        groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+        let rows: Vec<Vec<String>> = groups
+            .iter()
+            .map(|(error, messages)| {
+                let n = messages.len();
+                vec![
+                    n.to_string(),
+                    escape(error),
+                    format!(
+                        "{} {}",
+                        button(
+                            frame,
+                            "/outbox",
+                            &[("action", "requeue"), ("error", error)],
+                            &format!("Requeue {n}"),
+                            false
+                        ),
+                        button(
+                            frame,
+                            "/outbox",
+                            &[("action", "discard"), ("error", error)],
+                            &format!("Discard {n}"),
+                            true
+                        )
+                    ),
+                ]
+            })
+            .collect();
+        out.push_str("<h2>Dead messages by their last error</h2>");
+        out.push_str(&table(
+            "dead-groups",
+            &["count", "last error", ""],
+            &[0],
+            &rows,
+        ));
+        let rows: Vec<Vec<String>> = dead
+            .iter()
+            .take(limit as usize)
+            .map(|m| {
+                vec![
+                    escape(&m.id),
+                    escape(&m.ordering_key),
+                    escape(&m.destination),
+                    m.attempts.to_string(),
+                    escape(m.last_error.as_deref().unwrap_or("")),
+                    ago(m.dead_at_millis),
+                    format!(
+                        "{} {}",
+                        button(
+                            frame,
+                            "/outbox",
+                            &[("action", "requeue"), ("id", &m.id)],
+                            "Requeue",
+                            false
+                        ),
+                        button(
+                            frame,
+                            "/outbox",
+                            &[("action", "discard"), ("id", &m.id)],
+                            "Discard",
+                            true
+                        )
+                    ),
+                ]
+            })
+            .collect();
+        out.push_str(&format!(
+            "<h2>Dead messages ({} of {})</h2>",
+            rows.len(),
+            dead.len()
+        ));
+        out.push_str(&table(
+            "dead",
+            &[
+                "id",
+                "ordering key",
+                "destination",
+                "attempts",
+                "last error",
+                "died",
+                "",
+            ],
+            &[3],
+            &rows,
+        ));
+        Ok(out)
+    })
+}
+
+/// `/inbox`: each group, then the records in flight (with the stuck ones), parked and
+/// failed, with their actions.
+pub(crate) async fn inbox<DB: Backend>(looked: Looked<DB>) -> Response {
+    let pool = &looked.0.pool;
+    let limit = looked.0.limit;
+    let read = async {
+        Ok::<_, sqlx::Error>((
+            inbox::groups(pool).await?,
+            inbox::records(pool, None, RecordStatus::Processing, limit).await?,
+            inbox::records(pool, None, RecordStatus::Dead, limit).await?,
+            inbox::records(pool, None, RecordStatus::Failed, limit).await?,
+        ))
+    }
+    .await;
+    render(looked, "/inbox", "Inbox", |frame| {
+        let (groups, processing, dead, failed) = read?;
+        let now = html::now_millis();
+        let mut out = String::from("<h2>Groups</h2>");
+        out.push_str(&groups_table(&groups));
+        let records = |id: &str, records: &[inbox::InboxRecord], action: Option<(&str, &str)>| {
+            if records.is_empty() {
+                return "<p>None.</p>".to_owned();
+            }
+            let rows: Vec<Vec<String>> = records
+                .iter()
+                .map(|r| {
+                    let lease = match r.lease_until_millis {
+                        Some(until) if until <= now => {
+                            format!("<span class=\"bad\">stuck: ended {}</span>", ago(until))
+                        }
+                        Some(until) => format!("ends in {}", html::span(until - now)),
+                        None => "-".to_owned(),
+                    };
+                    let act = action.map_or(String::new(), |(action, label)| {
+                        button(
+                            frame,
+                            "/inbox",
+                            &[("action", action), ("group", &r.group), ("key", &r.key)],
+                            label,
+                            false,
+                        )
+                    });
+                    vec![
+                        escape(&r.group),
+                        escape(&r.key),
+                        r.attempts.to_string(),
+                        lease,
+                        ago(r.updated_at_millis),
+                        escape(r.error.as_deref().unwrap_or("")),
+                        act,
+                    ]
+                })
+                .collect();
+            table(
+                id,
+                &[
+                    "group",
+                    "key",
+                    "attempts",
+                    "lease",
+                    "last touched",
+                    "error",
+                    "",
+                ],
+                &[2],
+                &rows,
+            )
+        };
+        out.push_str("<h2>In flight (PROCESSING), the HTTP layer's keys among them</h2>");
+        out.push_str(&records(
+            "processing",
+            &processing,
+            Some(("release", "Release lease")),
+        ));
+        out.push_str("<h2>Parked (DEAD) after their last attempt</h2>");
+        out.push_str(&records("parked", &dead, Some(("revive", "Revive"))));
+        out.push_str("<h2>Failed, waiting for their next delivery</h2>");
+        out.push_str(&records("failed", &failed, None));
+        Ok::<_, sqlx::Error>(out)
+    })
+}
+
+/// `/tables`: the migrations the database has, and the problems of idem's tables.
+pub(crate) async fn tables<DB: Backend>(looked: Looked<DB>) -> Response {
+    let read = crate::schema::tables::check_tables(&looked.0.pool, None).await;
+    render(looked, "/tables", "Tables", |_| {
+        let report = read?;
+        let rows: Vec<Vec<String>> = report
+            .migrations
+            .iter()
+            .map(|m| {
+                let state = if m.applied {
+                    "<span class=\"ok\">applied</span>"
+                } else {
+                    "<span class=\"bad\">not applied</span>"
+                };
+                vec![escape(m.name), state.to_owned()]
+            })
+            .collect();
+        let mut out = format!(
+            "<p id=\"current\">{}</p>",
+            escape(&match report.current() {
+                Some(current) => format!("On migration {current}."),
+                None => "Not migrated.".to_owned(),
+            })
+        );
+        out.push_str(&table("migrations", &["migration", "state"], &[], &rows));
+        out.push_str("<h2>Problems</h2>");
+        if report.problems.is_empty() {
+            out.push_str("<p class=\"ok\">None.</p>");
+        } else {
+            out.push_str("<ul id=\"problems\">");
+            for problem in &report.problems {
+                out.push_str(&format!("<li>{}</li>", escape(&problem.to_string())));
+            }
+            out.push_str("</ul>");
+        }
+        Ok::<_, sqlx::Error>(out)
+    })
+}
