@@ -2,7 +2,8 @@
 //! person's token), run through idem's own functions as the person acting, then redirected
 //! back to their page with a note of what was done.
 
-use super::guard::{refusal, refused};
+use super::Shared;
+use super::guard::{Actor, refusal, refused};
 use super::pages::{Looked, base};
 use crate::backend::Backend;
 use crate::http::token::form_field;
@@ -36,6 +37,17 @@ fn encode(text: &str) -> String {
     out
 }
 
+/// The guard's 403, if the form in `body` may not act.
+fn guarded<DB: Backend>(
+    shared: &Shared<DB>,
+    headers: &HeaderMap,
+    actor: &Actor,
+    body: &[u8],
+) -> Option<Response> {
+    let token = form_field(body, "csrf");
+    refusal(shared, headers, actor, token.as_deref()).map(|why| refused(StatusCode::FORBIDDEN, why))
+}
+
 fn database(e: impl std::fmt::Display) -> Response {
     refused(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -50,10 +62,10 @@ pub(crate) async fn outbox<DB: Backend>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let field = |name: &str| form_field(&body, name);
-    if let Some(why) = refusal(&shared, &headers, &actor, field("csrf").as_deref()) {
-        return refused(StatusCode::FORBIDDEN, why);
+    if let Some(refused) = guarded(&shared, &headers, &actor, &body) {
+        return refused;
     }
+    let field = |name: &str| form_field(&body, name);
     let pool = &shared.pool;
     let ids: Vec<String> = match (field("id"), field("error")) {
         (Some(id), _) => vec![id],
@@ -108,10 +120,10 @@ pub(crate) async fn inbox<DB: Backend>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let field = |name: &str| form_field(&body, name);
-    if let Some(why) = refusal(&shared, &headers, &actor, field("csrf").as_deref()) {
-        return refused(StatusCode::FORBIDDEN, why);
+    if let Some(refused) = guarded(&shared, &headers, &actor, &body) {
+        return refused;
     }
+    let field = |name: &str| form_field(&body, name);
     let (Some(group), Some(key)) = (field("group"), field("key")) else {
         return refused(StatusCode::BAD_REQUEST, "name a group and a key");
     };

@@ -70,8 +70,18 @@ fn tile(label: &str, value: impl Display, bad: bool) -> String {
     )
 }
 
-fn seconds(age: Option<std::time::Duration>) -> String {
-    age.map_or("-".to_owned(), |d| format!("{:.0}s", d.as_secs_f64()))
+/// The outbox's backlog as tiles, their labels after `prefix`.
+fn backlog_tiles(backlog: &outbox::Backlog, prefix: &str) -> String {
+    let oldest = backlog
+        .oldest
+        .map_or("-".to_owned(), |d| html::span(d.as_millis() as i64));
+    [
+        tile(&format!("{prefix}pending"), backlog.pending, false),
+        tile(&format!("{prefix}dead"), backlog.dead, backlog.dead > 0),
+        tile("held behind a dead one", backlog.held, backlog.held > 0),
+        tile("oldest pending", oldest, false),
+    ]
+    .concat()
 }
 
 /// `/`: the outbox's backlog, each inbox group, the tables' migration.
@@ -91,14 +101,7 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
             .iter()
             .fold((0, 0), |(s, d), g| (s + g.stuck, d + g.dead));
         let mut out = String::from("<div class=\"tiles\" id=\"tiles\">");
-        out.push_str(&tile("outbox pending", backlog.pending, false));
-        out.push_str(&tile("outbox dead", backlog.dead, backlog.dead > 0));
-        out.push_str(&tile(
-            "held behind a dead one",
-            backlog.held,
-            backlog.held > 0,
-        ));
-        out.push_str(&tile("oldest pending", seconds(backlog.oldest), false));
+        out.push_str(&backlog_tiles(&backlog, "outbox "));
         out.push_str(&tile("inbox stuck", stuck, stuck > 0));
         out.push_str(&tile("inbox parked", dead, dead > 0));
         out.push_str(&tile(
@@ -161,14 +164,7 @@ pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
     render(looked, "/outbox", "Outbox", |frame| {
         let (backlog, dead) = read?;
         let mut out = String::from("<div class=\"tiles\">");
-        out.push_str(&tile("pending", backlog.pending, false));
-        out.push_str(&tile("dead", backlog.dead, backlog.dead > 0));
-        out.push_str(&tile(
-            "held behind a dead one",
-            backlog.held,
-            backlog.held > 0,
-        ));
-        out.push_str(&tile("oldest pending", seconds(backlog.oldest), false));
+        out.push_str(&backlog_tiles(&backlog, ""));
         out.push_str("</div>");
         if dead.is_empty() {
             out.push_str("<h2>Dead messages</h2><p>No dead messages.</p>");

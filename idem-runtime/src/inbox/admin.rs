@@ -179,17 +179,10 @@ impl Inbox {
         key: &MessageKey,
         by: &str,
     ) -> Result<bool, Error<Infallible>> {
-        let plan = Repair {
-            inbox: self,
-            key,
-            note: format!("lease released by {by}"),
-            statement: |sql| &sql.release,
-        };
-        let changed = stages_only(pool, &plan).await?;
-        if changed {
-            tracing::info!(group = %self.group, key = %key.as_str(), by, "idem inbox lease released");
-        }
-        Ok(changed)
+        self.repair(pool, key, format!("lease released by {by}"), |sql| {
+            &sql.release
+        })
+        .await
     }
 
     /// Brings the parked (DEAD) record of `key` back as FAILED with no attempts: the next
@@ -203,15 +196,27 @@ impl Inbox {
         key: &MessageKey,
         by: &str,
     ) -> Result<bool, Error<Infallible>> {
+        self.repair(pool, key, format!("revived by {by}"), |sql| &sql.revive)
+            .await
+    }
+
+    /// Runs one repair of the record of `key` as a unit of work of its own, and logs it.
+    async fn repair<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        key: &MessageKey,
+        note: String,
+        statement: fn(&'static idem_sql::inbox::InboxSql) -> &'static String,
+    ) -> Result<bool, Error<Infallible>> {
         let plan = Repair {
             inbox: self,
             key,
-            note: format!("revived by {by}"),
-            statement: |sql| &sql.revive,
+            note,
+            statement,
         };
         let changed = stages_only(pool, &plan).await?;
         if changed {
-            tracing::info!(group = %self.group, key = %key.as_str(), by, "idem inbox record revived");
+            tracing::info!(group = %self.group, key = %key.as_str(), note = %plan.note, "idem inbox record repaired");
         }
         Ok(changed)
     }
