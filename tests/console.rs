@@ -327,6 +327,31 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
     );
 }
 
+/// On a database without idem's tables, each page says what is missing.
+#[tokio::test]
+async fn a_database_without_idems_tables_is_shown_as_such() {
+    let pool = common::sqlite_file(&format!("console_bare_{}", common::next_id()), 1).await;
+    let addr = mount(Console::new(pool, authorize)).await;
+    let alice = "session=alice-secret";
+    let overview = get(addr, "/ops/idem", alice).await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    assert!(overview.body.contains("not migrated"), "{}", overview.body);
+    let outbox_page = get(addr, "/ops/idem/outbox", alice).await;
+    assert!(
+        outbox_page.body.contains("no outbox"),
+        "{}",
+        outbox_page.body
+    );
+    let inbox_page = get(addr, "/ops/idem/inbox", alice).await;
+    assert!(inbox_page.body.contains("no inbox"), "{}", inbox_page.body);
+    let tables = get(addr, "/ops/idem/tables", alice).await;
+    assert!(
+        tables.body.contains("there is no table `idem_results`"),
+        "{}",
+        tables.body
+    );
+}
+
 #[tokio::test]
 async fn a_read_only_console_shows_and_changes_nothing() {
     let pool = setup("console_read_only").await;

@@ -77,6 +77,43 @@ async fn operated<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
     );
     assert!(groups.iter().all(|g| g.last_at_millis.is_some()));
 
+    // The last hour's signals; nothing was touched in the last 60 ms (it slept 120).
+    let activity = idem::inbox::activity(&pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let shown: Vec<(&str, [u64; 7])> = activity
+        .iter()
+        .map(|a| {
+            (
+                a.group.as_str(),
+                [
+                    a.touched,
+                    a.first_delivered,
+                    a.succeeded,
+                    a.succeeded_after_retry,
+                    a.retried,
+                    a.failed,
+                    a.dead,
+                ],
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("billing", [5, 5, 1, 0, 1, 1, 1]),
+            ("shipping", [1, 1, 1, 0, 0, 0, 0])
+        ]
+    );
+    assert_eq!(activity[0].retry_success_rate(), Some(0.0));
+    assert_eq!(activity[1].retry_success_rate(), None);
+    assert!(
+        idem::inbox::activity(&pool, Duration::from_millis(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
     let listed = |status, group: Option<&'static str>| {
         let pool = pool.clone();
         async move {
@@ -208,6 +245,23 @@ async fn operated<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
         0,
         "one attempt of two"
     );
+
+    // The held record done on its second attempt: a retry that succeeded.
+    let billing_now = idem::inbox::activity(&pool, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (
+            billing_now.succeeded,
+            billing_now.succeeded_after_retry,
+            billing_now.retried,
+            billing_now.failed,
+            billing_now.dead
+        ),
+        (2, 1, 1, 2, 0)
+    );
+    assert_eq!(billing_now.retry_success_rate(), Some(1.0));
 
     // A purge's dry run counts what the purge deletes.
     let zero = Duration::ZERO;

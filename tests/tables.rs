@@ -46,6 +46,16 @@ where
     assert!(report.is_ok(), "{report}");
     assert_eq!(report.current(), Some(last));
     assert_eq!(
+        report.tables,
+        [
+            "idem_results",
+            "idem_inbox",
+            "idem_outbox",
+            "idem_leases",
+            "idem_jobs"
+        ]
+    );
+    assert_eq!(
         report.to_string(),
         format!("idem's tables are on migration {last}")
     );
@@ -80,6 +90,7 @@ where
         .await
         .unwrap();
     let report = idem::check_tables(&pool, None).await.unwrap();
+    assert!(!report.has("idem_jobs") && report.has("idem_leases"));
     let jobs = all.iter().position(|m| m.contains("leases_jobs")).unwrap();
     assert_eq!(report.current(), Some(all[jobs - 1]), "{report}");
     assert_eq!(report.pending().collect::<Vec<_>>(), [all[jobs], last]);

@@ -65,3 +65,20 @@ macro_rules! with_pool {
     };
 }
 pub(crate) use with_pool;
+
+impl Database {
+    /// Fails with exit 3 unless the database has idem's table `table` (a database without
+    /// idem's tables, or a service that does not use that part of idem).
+    pub(crate) async fn require(&self, table: &str) -> Result<(), Failure> {
+        let report = with_pool!(self, pool => idem::check_tables(pool, None).await)
+            .map_err(Failure::database)?;
+        if report.has(table) {
+            Ok(())
+        } else {
+            Err(Failure::NotFound(format!(
+                "the database has no table `{table}`: run `idem migrate`, or point \
+                 DATABASE_URL at the database of the service that uses it"
+            )))
+        }
+    }
+}

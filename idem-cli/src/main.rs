@@ -5,7 +5,8 @@
 //!
 //! Exit codes: 0 done; 1 the database failed or refused; 2 a usage error (a bad argument,
 //! an unknown URL scheme); 3 a message or record named does not exist (or is not in the
-//! state the command needs); 4 `idem check` found something to fix.
+//! state the command needs), or the database has no table the command reads; 4 `idem check`
+//! found something to fix.
 //!
 //! Every change a command makes is logged on the standard error (when, who, what), and
 //! where the table has room for it, who made it is written into the row.
@@ -16,6 +17,7 @@ mod inbox;
 mod outbox;
 mod partitions;
 mod report;
+mod signals;
 
 use clap::{Parser, Subcommand};
 use database::Database;
@@ -57,6 +59,13 @@ enum Command {
     /// The outbox: its backlog, its dead messages, requeueing and discarding them.
     #[command(subcommand)]
     Outbox(outbox::Command),
+    /// What the tables show of the last `--window`: per consumer group the deliveries,
+    /// retries and how many succeeded, failures, parked records, stuck leases; the outbox.
+    Signals {
+        /// How far back (1h, 30m, 1d).
+        #[arg(long, default_value = "1h", value_parser = report::duration)]
+        window: std::time::Duration,
+    },
     /// The inbox partitioned by day (PostgreSQL, MariaDB/MySQL): its days and their window.
     #[command(subcommand)]
     Partitions(partitions::Command),
@@ -103,8 +112,18 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Check { results_table } => {
             check::run(&database, results_table.as_deref(), cli.json).await
         }
-        Command::Inbox(command) => inbox::run(&database, command, &actor, cli.json).await,
-        Command::Outbox(command) => outbox::run(&database, command, &actor, cli.json).await,
-        Command::Partitions(command) => partitions::run(&database, command, &actor, cli.json).await,
+        Command::Inbox(command) => {
+            database.require("idem_inbox").await?;
+            inbox::run(&database, command, &actor, cli.json).await
+        }
+        Command::Outbox(command) => {
+            database.require("idem_outbox").await?;
+            outbox::run(&database, command, &actor, cli.json).await
+        }
+        Command::Signals { window } => signals::run(&database, *window, cli.json).await,
+        Command::Partitions(command) => {
+            database.require("idem_inbox").await?;
+            partitions::run(&database, command, &actor, cli.json).await
+        }
     }
 }

@@ -291,6 +291,29 @@ async fn inbox<DB: idem::Backend>(url: &str, pool: &sqlx::Pool<DB>) {
     let _held = claim(billing.clone().lease(Duration::from_secs(3600)), "held").await;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
+    // The last hour's signals from the tables; nothing touched in the last 20 ms.
+    let signals = json(url, &["signals"], 0);
+    let billing = &signals["inbox"][0];
+    assert_eq!(
+        (
+            billing["group"].as_str(),
+            billing["first_delivered"].as_u64(),
+            billing["succeeded"].as_u64(),
+            billing["dead"].as_u64(),
+            billing["stuck_now"].as_u64()
+        ),
+        (Some("billing"), Some(4), Some(1), Some(1), Some(1)),
+        "{signals}"
+    );
+    assert!(
+        signals["not_in_the_tables"]
+            .as_str()
+            .unwrap()
+            .contains("metrics")
+    );
+    let quiet = json(url, &["signals", "--window", "20ms"], 0);
+    assert_eq!(quiet["inbox"], serde_json::json!([]), "{quiet}");
+
     let groups = json(url, &["inbox", "groups"], 0);
     let group = &groups["groups"][0];
     assert_eq!(
@@ -514,6 +537,49 @@ fn every_command_the_docs_show_parses() {
         }
     }
     assert!(seen >= 30, "{seen} commands read");
+}
+
+/// A database without idem's tables (a service's own, or the wrong one): the commands that
+/// read a table say which is missing (exit 3), `check` what to do (exit 4), `signals` what
+/// there is.
+#[tokio::test]
+async fn a_database_without_idems_tables_is_named_so() {
+    let path = std::env::temp_dir().join(format!("idem-cli-bare-{}.db", std::process::id()));
+    let url = format!("sqlite:{}", path.display());
+    let options = idem::sqlite_options(&url).unwrap().create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    for (args, table) in [
+        (&["outbox", "dead"][..], "idem_outbox"),
+        (&["outbox", "requeue", "--all", "--yes"][..], "idem_outbox"),
+        (&["inbox", "groups"][..], "idem_inbox"),
+        (
+            &["inbox", "revive", "billing", "k", "--yes"][..],
+            "idem_inbox",
+        ),
+    ] {
+        let refused = json(&url, args, 3);
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!(
+                "the database has no table `{table}`: run `idem migrate`"
+            )),
+            "{args:?}: {message}"
+        );
+    }
+    assert_eq!(json(&url, &["check"], 4)["current"], Value::Null);
+    let signals = json(&url, &["signals"], 0);
+    assert_eq!(
+        (signals["inbox"].clone(), signals["outbox"].clone()),
+        (serde_json::json!([]), Value::Null)
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
 }
 
 #[test]

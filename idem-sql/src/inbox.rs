@@ -152,6 +152,20 @@ pub const GROUPS: &str = "SELECT consumer_group, \
     MAX(updated_at) AS last_at \
     FROM idem_inbox GROUP BY consumer_group ORDER BY consumer_group";
 
+/// What each consumer group's records show of the last `$2` milliseconds before now (`$1`,
+/// NULL: the database's), along the index on `updated_at`: the records touched, first
+/// delivered, done, done after more than one attempt, given more than one attempt, failed
+/// and parked.
+pub const ACTIVITY: &str = "SELECT consumer_group, COUNT(*) AS touched, \
+    COUNT(CASE WHEN created_at >= COALESCE($1, {now}) - $2 THEN 1 END) AS first_delivered, \
+    COUNT(CASE WHEN status = 'SUCCESS' THEN 1 END) AS succeeded, \
+    COUNT(CASE WHEN status = 'SUCCESS' AND attempts > 1 THEN 1 END) AS succeeded_after_retry, \
+    COUNT(CASE WHEN attempts > 1 THEN 1 END) AS retried, \
+    COUNT(CASE WHEN status = 'FAILED' THEN 1 END) AS failed, \
+    COUNT(CASE WHEN status = 'DEAD' THEN 1 END) AS dead \
+    FROM idem_inbox WHERE updated_at >= COALESCE($1, {now}) - $2 \
+    GROUP BY consumer_group ORDER BY consumer_group";
+
 /// The records of status `$2` in group `$1` (`''`: every group), least recently touched
 /// first, at most `$5`; with `$3` = 1 only those whose lease ended by now (`$4`, NULL: the
 /// database's). Never their results: they may hold personal data.
@@ -335,6 +349,8 @@ pub struct InboxSql {
     pub groups: String,
     /// [`RECORDS`].
     pub records: String,
+    /// [`ACTIVITY`].
+    pub activity: String,
     /// [`RECORD`].
     pub record: String,
     /// [`RELEASE`].
@@ -397,6 +413,7 @@ impl InboxSql {
             now: spell(NOW),
             groups: spell(GROUPS),
             records: spell(RECORDS),
+            activity: spell(ACTIVITY),
             record: RECORD.to_owned(),
             release: spell(RELEASE),
             revive: spell(REVIVE),

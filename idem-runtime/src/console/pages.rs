@@ -88,20 +88,30 @@ fn backlog_tiles(backlog: &outbox::Backlog, prefix: &str) -> String {
 pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let read = async {
-        Ok::<_, sqlx::Error>((
-            outbox::backlog(pool).await?,
-            inbox::groups(pool).await?,
-            crate::schema::tables::check_tables(pool, None).await?,
-        ))
+        let tables = crate::schema::tables::check_tables(pool, None).await?;
+        let backlog = match tables.has("idem_outbox") {
+            true => Some(outbox::backlog(pool).await?),
+            false => None,
+        };
+        let (groups, activity) = match tables.has("idem_inbox") {
+            true => (
+                inbox::groups(pool).await?,
+                inbox::activity(pool, std::time::Duration::from_secs(3600)).await?,
+            ),
+            false => (Vec::new(), Vec::new()),
+        };
+        Ok::<_, sqlx::Error>((backlog, groups, tables, activity))
     }
     .await;
     render(looked, "/", "Overview", |frame| {
-        let (backlog, groups, tables) = read?;
+        let (backlog, groups, tables, activity) = read?;
         let (stuck, dead) = groups
             .iter()
             .fold((0, 0), |(s, d), g| (s + g.stuck, d + g.dead));
         let mut out = String::from("<div class=\"tiles\" id=\"tiles\">");
-        out.push_str(&backlog_tiles(&backlog, "outbox "));
+        if let Some(backlog) = &backlog {
+            out.push_str(&backlog_tiles(backlog, "outbox "));
+        }
         out.push_str(&tile("inbox stuck", stuck, stuck > 0));
         out.push_str(&tile("inbox parked", dead, dead > 0));
         out.push_str(&tile(
@@ -111,6 +121,12 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
         ));
         out.push_str("</div><h2>Inbox groups</h2>");
         out.push_str(&groups_table(&groups));
+        out.push_str("<h2>The last hour, from the tables</h2>");
+        out.push_str(&activity_table(&activity));
+        out.push_str(
+            "<p>Duplicates answered, keys reused with another body, conflicts and the fast \
+             path's hits leave no row: the metrics count them.</p>",
+        );
         let _ = frame;
         Ok::<_, sqlx::Error>(out)
     })
@@ -150,19 +166,62 @@ fn groups_table(groups: &[inbox::GroupRecords]) -> String {
     )
 }
 
+fn activity_table(activity: &[inbox::GroupActivity]) -> String {
+    if activity.is_empty() {
+        return "<p>No inbox record was touched in the last hour.</p>".to_owned();
+    }
+    let rows: Vec<Vec<String>> = activity
+        .iter()
+        .map(|a| {
+            vec![
+                escape(&a.group),
+                a.first_delivered.to_string(),
+                a.succeeded.to_string(),
+                a.retried.to_string(),
+                a.retry_success_rate()
+                    .map_or("-".to_owned(), |r| format!("{:.0}%", r * 100.0)),
+                a.failed.to_string(),
+                a.dead.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        "activity",
+        &[
+            "group",
+            "delivered",
+            "done",
+            "retried",
+            "retry success",
+            "failed",
+            "parked",
+        ],
+        &[1, 2, 3, 4, 5, 6],
+        &rows,
+    )
+}
+
 /// `/outbox`: the backlog, the dead messages by error and one by one, with their actions.
 pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let limit = looked.0.limit;
     let read = async {
-        Ok::<_, sqlx::Error>((
+        if !crate::schema::tables::check_tables(pool, None)
+            .await?
+            .has("idem_outbox")
+        {
+            return Ok(None);
+        }
+        Ok::<_, sqlx::Error>(Some((
             outbox::backlog(pool).await?,
             outbox::dead(pool, 100_000).await?,
-        ))
+        )))
     }
     .await;
     render(looked, "/outbox", "Outbox", |frame| {
-        let (backlog, dead) = read?;
+        let Some((backlog, dead)) = read? else {
+            return Ok("<p>This database has no outbox (<code>idem_outbox</code>).</p>".to_owned());
+        };
         let mut out = String::from("<div class=\"tiles\">");
         out.push_str(&backlog_tiles(&backlog, ""));
         out.push_str("</div>");
@@ -273,16 +332,24 @@ pub(crate) async fn inbox<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let limit = looked.0.limit;
     let read = async {
-        Ok::<_, sqlx::Error>((
+        if !crate::schema::tables::check_tables(pool, None)
+            .await?
+            .has("idem_inbox")
+        {
+            return Ok(None);
+        }
+        Ok::<_, sqlx::Error>(Some((
             inbox::groups(pool).await?,
             inbox::records(pool, None, RecordStatus::Processing, limit).await?,
             inbox::records(pool, None, RecordStatus::Dead, limit).await?,
             inbox::records(pool, None, RecordStatus::Failed, limit).await?,
-        ))
+        )))
     }
     .await;
     render(looked, "/inbox", "Inbox", |frame| {
-        let (groups, processing, dead, failed) = read?;
+        let Some((groups, processing, dead, failed)) = read? else {
+            return Ok("<p>This database has no inbox (<code>idem_inbox</code>).</p>".to_owned());
+        };
         let now = html::now_millis();
         let mut out = String::from("<h2>Groups</h2>");
         out.push_str(&groups_table(&groups));

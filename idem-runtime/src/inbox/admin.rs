@@ -107,6 +107,65 @@ pub async fn groups<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<GroupRecords>, s
         .collect())
 }
 
+/// What one consumer group's records show of a recent window ([`activity`]): the signals
+/// the tables hold. (Duplicates answered, keys reused with another body, conflicts and the
+/// fast path's hits leave no row: they are counted in memory, by the metrics.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupActivity {
+    /// The consumer group.
+    pub group: String,
+    /// Records touched in the window: delivered, attempted, finished or repaired.
+    pub touched: u64,
+    /// Of those, first delivered in the window.
+    pub first_delivered: u64,
+    /// Done (SUCCESS).
+    pub succeeded: u64,
+    /// Done after more than one attempt: a retry that succeeded.
+    pub succeeded_after_retry: u64,
+    /// Given more than one attempt (a failure or a lease taken over), done or not.
+    pub retried: u64,
+    /// Failed, waiting for their next delivery.
+    pub failed: u64,
+    /// Parked (DEAD) after their last attempt.
+    pub dead: u64,
+}
+
+impl GroupActivity {
+    /// The share of retried records that are done: `None` when none was retried.
+    pub fn retry_success_rate(&self) -> Option<f64> {
+        (self.retried > 0).then(|| self.succeeded_after_retry as f64 / self.retried as f64)
+    }
+}
+
+/// What each consumer group's records show of the last `window`, by the database's clock:
+/// one range read of the index on `updated_at` (the one retention uses). A record shows its
+/// latest state: one retried and done within the window counts as done after a retry.
+pub async fn activity<DB: Backend>(
+    pool: &Pool<DB>,
+    window: Duration,
+) -> Result<Vec<GroupActivity>, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = &DB::dialect(conn)?.inbox().activity;
+    let params = [Param::Null, Param::Int(super::millis(window))];
+    let rows = DB::fetch_all(conn, sql, &params).await?;
+    opened.end(true).await?;
+    let count = |row: &Record, column: &str| row.int(column).map_or(0, |n| n.max(0) as u64);
+    Ok(rows
+        .into_iter()
+        .map(|mut row| GroupActivity {
+            touched: count(&row, "touched"),
+            first_delivered: count(&row, "first_delivered"),
+            succeeded: count(&row, "succeeded"),
+            succeeded_after_retry: count(&row, "succeeded_after_retry"),
+            retried: count(&row, "retried"),
+            failed: count(&row, "failed"),
+            dead: count(&row, "dead"),
+            group: row.take_text("consumer_group").unwrap_or_default(),
+        })
+        .collect())
+}
+
 /// The records of `status` in `group` (`None`: every group), least recently touched first,
 /// at most `limit`, without their results. Reads the table without an index on the status:
 /// name the group where you can (its records are together in the key).

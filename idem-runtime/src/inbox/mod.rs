@@ -34,7 +34,9 @@ mod retention;
 mod stage;
 
 pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
-pub use admin::{GroupRecords, InboxRecord, RecordStatus, groups, records};
+pub use admin::{
+    GroupActivity, GroupRecords, InboxRecord, RecordStatus, activity, groups, records,
+};
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub(crate) use clock::{millis, millis_up};

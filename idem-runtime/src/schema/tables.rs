@@ -52,9 +52,22 @@ pub async fn check_tables<DB: Backend>(
             applied: probe_holds::<DB>(conn, dialect, *probe).await?,
         });
     }
+    let mut tables = Vec::new();
+    for table in [
+        results,
+        "idem_inbox",
+        "idem_outbox",
+        "idem_leases",
+        "idem_jobs",
+    ] {
+        if columns::<DB>(conn, dialect, table).await?.is_some() {
+            tables.push(table.to_owned());
+        }
+    }
     opened.end(true).await?;
     Ok(TablesReport {
         migrations: applied,
+        tables,
         problems,
     })
 }
@@ -120,11 +133,19 @@ pub struct Migration {
 pub struct TablesReport {
     /// This version's migrations for the database's backend, in order, each applied or not.
     pub migrations: Vec<Migration>,
+    /// idem's tables the database has, of the results table, `idem_inbox`, `idem_outbox`,
+    /// `idem_leases` and `idem_jobs`: a service has the ones it uses.
+    pub tables: Vec<String>,
     /// Every problem found with idem's tables.
     pub problems: Vec<SchemaProblem>,
 }
 
 impl TablesReport {
+    /// Whether the database has idem's table `table` (`idem_outbox`, …).
+    pub fn has(&self, table: &str) -> bool {
+        self.tables.iter().any(|t| t == table)
+    }
+
     /// Whether every migration is applied and no table has a problem.
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty() && self.migrations.iter().all(|m| m.applied)
@@ -575,6 +596,7 @@ mod tests {
                 .zip(applied)
                 .map(|(name, applied)| Migration { name, applied })
                 .collect(),
+            tables: Vec::new(),
             problems: Vec::new(),
         };
         assert_eq!(report([true, true, true]).current(), Some("c"));
