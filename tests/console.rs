@@ -278,6 +278,12 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
         "{}",
         back.body
     );
+    // A note without the console's signature (a link from elsewhere) is not shown.
+    let forged_note = location.replace("requeued%201", "requeued%2099");
+    let shown = get(addr, &forged_note, alice).await;
+    assert_eq!(shown.status, 200);
+    assert!(!shown.body.contains("requeued 99"), "{}", shown.body);
+    assert!(!shown.body.contains("id=\"note\""), "{}", shown.body);
     // A group by its error: the markup one discarded by its (escaped, then decoded) text.
     let done = post(
         addr,
@@ -365,14 +371,22 @@ async fn a_read_only_console_shows_and_changes_nothing() {
     assert!(!page.body.contains("<form"), "no buttons: {}", page.body);
     // A token from a console that is not read-only, with the same secret: still refused.
     let secret = [7u8; 32];
-    let writable = mount(Console::new(pool.clone(), authorize).secret(&secret)).await;
+    let writable = mount(
+        Console::new(pool.clone(), authorize)
+            .secret(&secret)
+            .unwrap(),
+    )
+    .await;
     let token = token_of(&get(writable, "/ops/idem/outbox", alice).await.body);
     let read_only = mount(
         Console::new(pool.clone(), authorize)
             .secret(&secret)
+            .unwrap()
             .read_only(),
     )
     .await;
+    let weak = Console::new(pool.clone(), authorize).secret(b"short");
+    assert_eq!(weak.unwrap_err().len, 5);
     let refused = post(
         read_only,
         "/ops/idem/outbox",

@@ -3,7 +3,7 @@
 //! back to their page with a note of what was done.
 
 use super::Shared;
-use super::guard::{Actor, refusal, refused};
+use super::guard::{Actor, note_signature, refusal, refused};
 use super::pages::{Looked, base};
 use crate::backend::Backend;
 use crate::http::token::form_field;
@@ -18,9 +18,13 @@ use http::{HeaderMap, StatusCode, header};
 /// The most dead messages an action on a group reads.
 const MAX_GROUP: u32 = 100_000;
 
-/// Back to `page`, with `note` to show there.
-fn back(looked_base: &str, page: &str, note: &str) -> Response {
-    let location = format!("{looked_base}{page}?note={}", encode(note));
+/// Back to `page`, with `note` to show there, signed.
+fn back(secret: &[u8], looked_base: &str, page: &str, note: &str) -> Response {
+    let location = format!(
+        "{looked_base}{page}?note={}&sig={}",
+        encode(note),
+        note_signature(secret, note)
+    );
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
 }
 
@@ -111,7 +115,7 @@ pub(crate) async fn outbox<DB: Backend>(
             ids.len() - done
         ));
     }
-    back(&base(&original, &uri), "/outbox", &note)
+    back(&shared.secret, &base(&original, &uri), "/outbox", &note)
 }
 
 /// `POST /inbox`: `action` (`release`, `revive`) on the record of `group` and `key`.
@@ -150,7 +154,7 @@ pub(crate) async fn inbox<DB: Backend>(
         Ok(false) => format!("`{key}` in `{group}` is no longer {needs}: nothing changed"),
         Err(e) => return database(e),
     };
-    back(&base(&original, &uri), "/inbox", &note)
+    back(&shared.secret, &base(&original, &uri), "/inbox", &note)
 }
 
 #[cfg(test)]

@@ -56,14 +56,31 @@ pub(crate) fn refused(status: StatusCode, why: &str) -> Response {
 /// The token an action's form carries for `actor`: the HMAC-SHA256 of their name under the
 /// console's secret, in hex.
 pub(crate) fn token(secret: &[u8], actor: &str) -> String {
-    hex(&mac(secret, actor).finalize().into_bytes())
+    signed(secret, b"token", actor)
 }
 
-fn mac(secret: &[u8], actor: &str) -> Hmac<Sha256> {
+/// The signature of the note an action leaves for its page (`?note=…&sig=…`), so that a link
+/// from elsewhere cannot make the console say what it did not do.
+pub(crate) fn note_signature(secret: &[u8], note: &str) -> String {
+    signed(secret, b"note", note)
+}
+
+/// Whether `signature` is `note`'s (compared in constant time).
+pub(crate) fn note_is_signed(secret: &[u8], note: &str, signature: &str) -> bool {
+    constant_time_eq(
+        signature.as_bytes(),
+        note_signature(secret, note).as_bytes(),
+    )
+}
+
+/// The HMAC-SHA256 of `text` for `purpose` under the console's secret, in hex.
+fn signed(secret: &[u8], purpose: &[u8], text: &str) -> String {
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
     mac.update(b"idem-console\0");
-    mac.update(actor.as_bytes());
-    mac
+    mac.update(purpose);
+    mac.update(b"\0");
+    mac.update(text.as_bytes());
+    hex(&mac.finalize().into_bytes())
 }
 
 /// Why an action may not run, if it may not: in read-only mode, from another site, or

@@ -92,14 +92,16 @@ impl<DB: Backend> Console<DB> {
         self
     }
 
-    /// The secret the forms' tokens are signed with (at least 32 bytes; a shorter one is
-    /// ignored and the random one kept). The same on every instance behind one address, so
-    /// a form rendered by one is accepted by another.
-    pub fn secret(mut self, secret: &[u8]) -> Console<DB> {
-        if secret.len() >= 32 {
-            self.secret = Arc::from(secret);
+    /// The secret the forms' tokens (and the notes an action leaves) are signed with: the
+    /// same on every instance behind one address, so a form rendered by one is accepted by
+    /// another. Refused when shorter than [`MIN_SECRET_LEN`](crate::http::MIN_SECRET_LEN)
+    /// bytes: anyone who guesses it forges the tokens.
+    pub fn secret(mut self, secret: &[u8]) -> Result<Console<DB>, crate::http::WeakSecret> {
+        if secret.len() < crate::http::MIN_SECRET_LEN {
+            return Err(crate::http::WeakSecret { len: secret.len() });
         }
-        self
+        self.secret = Arc::from(secret);
+        Ok(self)
     }
 
     /// How many records or messages a list shows (100 by default).

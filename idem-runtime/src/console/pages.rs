@@ -2,7 +2,7 @@
 //! through idem's public functions, and none shows a payload or a result.
 
 use super::Shared;
-use super::guard::{Actor, token};
+use super::guard::{Actor, note_is_signed, token};
 use super::html::{self, Frame, ago, button, escape, table};
 use crate::backend::Backend;
 use crate::inbox::{self, RecordStatus};
@@ -39,9 +39,12 @@ fn render<E: Display>(
 ) -> Response {
     let base = base(&original, &uri);
     let token = token(&shared.secret, &actor.0);
-    let note = uri
-        .query()
-        .and_then(|q| crate::http::token::form_field(q.as_bytes(), "note"));
+    // A note shows only with its signature: a link from elsewhere cannot make the console
+    // say what it did not do.
+    let query = uri.query().unwrap_or("").as_bytes();
+    let field = |name| crate::http::token::form_field(query, name);
+    let note = field("note")
+        .filter(|note| field("sig").is_some_and(|sig| note_is_signed(&shared.secret, note, &sig)));
     let frame = Frame {
         base: &base,
         actor: &actor.0,
