@@ -43,7 +43,7 @@ use idem::fault::FaultPoint;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-const ORDERS: i64 = 1000;
+const ORDERS: i64 = 500;
 const CHILD: &str = "chain::chain_child";
 
 /// The Any URL of a fresh database for the chain, or `None` without its server.

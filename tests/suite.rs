@@ -74,6 +74,7 @@ mod postgres_types;
 mod rabbitmq;
 mod races;
 mod readme;
+mod reconcile;
 mod schedule;
 mod schedule_processes;
 mod serializable;

@@ -70,9 +70,9 @@ impl Database {
     /// Fails with exit 3 unless the database has idem's table `table` (a database without
     /// idem's tables, or a service that does not use that part of idem).
     pub(crate) async fn require(&self, table: &str) -> Result<(), Failure> {
-        let report = with_pool!(self, pool => idem::check_tables(pool, None).await)
+        let found = with_pool!(self, pool => idem::existing_tables(pool, &[table]).await)
             .map_err(Failure::database)?;
-        if report.has(table) {
+        if !found.is_empty() {
             Ok(())
         } else {
             Err(Failure::NotFound(format!(

@@ -3,7 +3,7 @@
 //! record, and purging a group's finished records — each repair a dry run without `--yes`.
 
 use crate::database::{Database, with_pool};
-use crate::report::{self, Failure};
+use crate::report::{self, Confirm, Failure};
 use clap::{Args, Subcommand};
 use idem::inbox::{Inbox, InboxRecord, MessageKey, RecordStatus};
 use std::time::Duration;
@@ -49,9 +49,8 @@ pub(crate) struct One {
     group: String,
     /// Its message key.
     key: String,
-    /// Do it. Without it, the command says what it would do and changes nothing.
-    #[arg(long)]
-    yes: bool,
+    #[command(flatten)]
+    confirm: Confirm,
 }
 
 /// A purge of one group.
@@ -66,9 +65,8 @@ pub(crate) struct Purge {
     /// Records per transaction.
     #[arg(long, default_value_t = 1000)]
     batch: u32,
-    /// Do it. Without it, the command counts what it would delete and changes nothing.
-    #[arg(long)]
-    yes: bool,
+    #[command(flatten)]
+    confirm: Confirm,
 }
 
 pub(crate) async fn run(
@@ -256,7 +254,7 @@ async fn repair(
         }
         Some(_) => {}
     }
-    if !one.yes {
+    if !one.confirm.yes {
         report::done(
             json,
             &format!(
@@ -295,7 +293,7 @@ async fn purge_group(
     json: bool,
 ) -> Result<(), Failure> {
     let inbox = inbox(&purge.group)?;
-    if !purge.yes {
+    if !purge.confirm.yes {
         let n = with_pool!(database, pool => inbox.purgeable(pool, purge.older_than).await)
             .map_err(Failure::database)?;
         report::done(

@@ -6,7 +6,7 @@
 //! Exit codes: 0 done; 1 the database failed or refused; 2 a usage error (a bad argument,
 //! an unknown URL scheme); 3 a message or record named does not exist (or is not in the
 //! state the command needs), or the database has no table the command reads; 4 `idem check`
-//! found something to fix.
+//! or `idem reconcile` found something to fix.
 //!
 //! Every change a command makes is logged on the standard error (when, who, what), and
 //! where the table has room for it, who made it is written into the row.
@@ -16,6 +16,7 @@ mod database;
 mod inbox;
 mod outbox;
 mod partitions;
+mod reconcile;
 mod report;
 mod signals;
 
@@ -69,6 +70,10 @@ enum Command {
     /// The inbox partitioned by day (PostgreSQL, MariaDB/MySQL): its days and their window.
     #[command(subcommand)]
     Partitions(partitions::Command),
+    /// Reads a table of your effects against idem's records of the same keys: keys with
+    /// more than one effect, effects without a record, records without an effect (exit 4
+    /// when there are any). Reads only.
+    Reconcile(reconcile::Reconcile),
 }
 
 fn main() -> ExitCode {
@@ -125,5 +130,6 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             database.require("idem_inbox").await?;
             partitions::run(&database, command, &actor, cli.json).await
         }
+        Command::Reconcile(args) => reconcile::run(&database, args, cli.json).await,
     }
 }

@@ -3,10 +3,9 @@
 //! requeued message is published by the relay's claim like any other, once.
 
 use crate::database::{Database, with_pool};
-use crate::report::{self, Failure};
+use crate::report::{self, Confirm, Failure};
 use clap::{Args, Subcommand};
-use idem::outbox::DeadMessage;
-use std::collections::BTreeMap;
+use idem::outbox::{DeadGroup, DeadMessage};
 
 /// The most dead messages a command reads.
 const MAX_DEAD: u32 = 100_000;
@@ -35,9 +34,8 @@ pub(crate) enum Command {
         /// Messages per transaction.
         #[arg(long, default_value_t = 1000)]
         batch: u32,
-        /// Do it. Without it, the command counts what it would delete and changes nothing.
-        #[arg(long)]
-        yes: bool,
+        #[command(flatten)]
+        confirm: Confirm,
     },
 }
 
@@ -46,15 +44,18 @@ pub(crate) enum Command {
 pub(crate) struct Targets {
     /// The ids of the dead messages.
     ids: Vec<String>,
-    /// Every dead message whose last error contains this text.
-    #[arg(long, conflicts_with_all = ["ids", "all"])]
+    /// The dead messages of one group: those whose last error is exactly this text, as
+    /// `idem outbox dead` shows it.
+    #[arg(long, conflicts_with_all = ["ids", "all", "error_containing"])]
     error: Option<String>,
+    /// The dead messages whose last error contains this text (several groups, maybe).
+    #[arg(long, conflicts_with_all = ["ids", "all"])]
+    error_containing: Option<String>,
     /// Every dead message.
     #[arg(long, conflicts_with = "ids")]
     all: bool,
-    /// Do it. Without it, the command says what it would do and changes nothing.
-    #[arg(long)]
-    yes: bool,
+    #[command(flatten)]
+    confirm: Confirm,
 }
 
 pub(crate) async fn run(
@@ -71,8 +72,8 @@ pub(crate) async fn run(
         Command::Purge {
             older_than,
             batch,
-            yes,
-        } => purge(database, *older_than, *batch, *yes, actor, json).await,
+            confirm,
+        } => purge(database, *older_than, *batch, confirm.yes, actor, json).await,
     }
 }
 
@@ -131,8 +132,8 @@ async fn backlog(database: &Database, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn read_dead(database: &Database) -> Result<Vec<DeadMessage>, Failure> {
-    with_pool!(database, pool => idem::outbox::dead(pool, MAX_DEAD).await)
+async fn read_dead(database: &Database) -> Result<Vec<DeadGroup>, Failure> {
+    with_pool!(database, pool => idem::outbox::dead_by_error(pool, MAX_DEAD).await)
         .map_err(Failure::database)
 }
 
@@ -149,21 +150,11 @@ fn message_json(message: &DeadMessage) -> serde_json::Value {
     })
 }
 
-/// The dead messages by their last error, the largest group first.
-fn groups(dead: &[DeadMessage]) -> Vec<(&str, Vec<&DeadMessage>)> {
-    let mut by_error: BTreeMap<&str, Vec<&DeadMessage>> = BTreeMap::new();
-    for message in dead {
-        let error = message.last_error.as_deref().unwrap_or("");
-        by_error.entry(error).or_default().push(message);
-    }
-    let mut groups: Vec<_> = by_error.into_iter().collect();
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
-    groups
-}
-
 async fn dead(database: &Database, all_messages: bool, json: bool) -> Result<(), Failure> {
-    let dead = read_dead(database).await?;
+    let groups = read_dead(database).await?;
     if all_messages {
+        let mut dead: Vec<&DeadMessage> = groups.iter().flat_map(|g| &g.messages).collect();
+        dead.sort_by_key(|m| m.dead_at_millis);
         let rows: Vec<Vec<String>> = dead
             .iter()
             .map(|m| {
@@ -183,31 +174,34 @@ async fn dead(database: &Database, all_messages: bool, json: bool) -> Result<(),
             "attempts",
             "last error",
         ];
-        let value =
-            serde_json::json!({"messages": dead.iter().map(message_json).collect::<Vec<_>>()});
+        let value = serde_json::json!({"messages": dead.iter().map(|m| message_json(m)).collect::<Vec<_>>()});
         report::done(json, &report::table(&header, &rows), value);
         return Ok(());
     }
-    let groups = groups(&dead);
     let rows: Vec<Vec<String>> = groups
         .iter()
-        .map(|(error, messages)| {
-            let mut ids: Vec<&str> = messages.iter().take(3).map(|m| m.id.as_str()).collect();
-            if messages.len() > 3 {
+        .map(|group| {
+            let mut ids: Vec<&str> = group
+                .messages
+                .iter()
+                .take(3)
+                .map(|m| m.id.as_str())
+                .collect();
+            if group.messages.len() > 3 {
                 ids.push("…");
             }
             vec![
-                messages.len().to_string(),
-                error.to_string(),
+                group.messages.len().to_string(),
+                group.error.clone(),
                 ids.join(", "),
             ]
         })
         .collect();
     let value = serde_json::json!({
-        "groups": groups.iter().map(|(error, messages)| serde_json::json!({
-            "error": error,
-            "count": messages.len(),
-            "ids": messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        "groups": groups.iter().map(|group| serde_json::json!({
+            "error": group.error,
+            "count": group.messages.len(),
+            "ids": group.messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     let table = if rows.is_empty() {
@@ -248,28 +242,36 @@ async fn act(
     actor: &str,
     json: bool,
 ) -> Result<(), Failure> {
-    if targets.ids.is_empty() && targets.error.is_none() && !targets.all {
+    if targets.ids.is_empty()
+        && targets.error.is_none()
+        && targets.error_containing.is_none()
+        && !targets.all
+    {
         return Err(Failure::Usage(format!(
-            "name the messages to {}: their ids, --error TEXT or --all",
+            "name the messages to {}: their ids, --error TEXT, --error-containing TEXT or --all",
             action.verb()
         )));
     }
-    let dead = read_dead(database).await?;
-    let chosen: Vec<&DeadMessage> = if targets.all {
-        dead.iter().collect()
-    } else if let Some(text) = &targets.error {
-        dead.iter()
-            .filter(|m| {
-                m.last_error
-                    .as_deref()
-                    .is_some_and(|e| e.contains(text.as_str()))
-            })
+    let groups = read_dead(database).await?;
+    let of = |keep: &dyn Fn(&DeadGroup) -> bool| -> Vec<&DeadMessage> {
+        groups
+            .iter()
+            .filter(|g| keep(g))
+            .flat_map(|g| &g.messages)
             .collect()
+    };
+    let chosen: Vec<&DeadMessage> = if targets.all {
+        of(&|_| true)
+    } else if let Some(error) = &targets.error {
+        of(&|g| g.error == *error)
+    } else if let Some(text) = &targets.error_containing {
+        of(&|g| g.error.contains(text.as_str()))
     } else {
+        let dead = of(&|_| true);
         let mut chosen = Vec::new();
         for id in &targets.ids {
             match dead.iter().find(|m| &m.id == id) {
-                Some(message) => chosen.push(message),
+                Some(message) => chosen.push(*message),
                 None => {
                     return Err(Failure::NotFound(format!(
                         "no dead message has the id `{id}` (nothing was {})",
@@ -281,7 +283,7 @@ async fn act(
         chosen
     };
     let ids: Vec<&str> = chosen.iter().map(|m| m.id.as_str()).collect();
-    if !targets.yes {
+    if !targets.confirm.yes {
         report::done(
             json,
             &format!(

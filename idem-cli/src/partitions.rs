@@ -3,7 +3,7 @@
 //! without `--yes`.
 
 use crate::database::{Database, with_pool};
-use crate::report::{self, Failure};
+use crate::report::{self, Confirm, Failure};
 use clap::{Args, Subcommand};
 use idem::inbox::partitions;
 
@@ -14,9 +14,8 @@ pub(crate) enum Command {
     /// Makes the inbox a table partitioned by day, moving its records (once; it holds the
     /// table while it runs: do it in a quiet hour).
     Create {
-        /// Do it. Without it, the command says what it would do and changes nothing.
-        #[arg(long)]
-        yes: bool,
+        #[command(flatten)]
+        confirm: Confirm,
     },
     /// Keeps the window of days: makes the days ahead, drops the days past `--keep-days`
     /// with their records (failed and parked ones copied to `idem_inbox_failures`).
@@ -32,9 +31,8 @@ pub(crate) struct Window {
     /// Days made ahead of today (at least 1, so a missed day changes nothing).
     #[arg(long, default_value_t = 2)]
     ahead_days: u32,
-    /// Do it. Without it, the command says what it would do and changes nothing.
-    #[arg(long)]
-    yes: bool,
+    #[command(flatten)]
+    confirm: Confirm,
 }
 
 pub(crate) async fn run(
@@ -78,7 +76,8 @@ pub(crate) async fn run(
             );
             Ok(())
         }
-        Command::Create { yes } => {
+        Command::Create { confirm } => {
+            let yes = confirm.yes;
             if status.is_partitioned() {
                 report::done(
                     json,
@@ -112,7 +111,7 @@ pub(crate) async fn run(
                     "the inbox is not partitioned: run `idem partitions create` first".to_owned(),
                 ));
             }
-            let plan = if window.yes {
+            let plan = if window.confirm.yes {
                 with_pool!(database, pool => partitions::maintain(pool, window.keep_days, window.ahead_days).await)
                     .map_err(Failure::database)?
             } else {
@@ -127,16 +126,20 @@ pub(crate) async fn run(
             };
             let text = format!(
                 "{}: {}\n{}: {}",
-                if window.yes {
+                if window.confirm.yes {
                     "created"
                 } else {
                     "would create"
                 },
                 list(&plan.created),
-                if window.yes { "dropped" } else { "would drop" },
+                if window.confirm.yes {
+                    "dropped"
+                } else {
+                    "would drop"
+                },
                 list(&plan.dropped),
             );
-            if window.yes && (!plan.created.is_empty() || !plan.dropped.is_empty()) {
+            if window.confirm.yes && (!plan.created.is_empty() || !plan.dropped.is_empty()) {
                 report::audit(
                     actor,
                     &format!(
@@ -146,7 +149,7 @@ pub(crate) async fn run(
                     ),
                 );
             }
-            let text = if window.yes {
+            let text = if window.confirm.yes {
                 text
             } else {
                 format!("{text}\nnothing changed: run again with --yes to do it")
@@ -155,7 +158,7 @@ pub(crate) async fn run(
                 json,
                 &text,
                 serde_json::json!({
-                    "dry_run": !window.yes,
+                    "dry_run": !window.confirm.yes,
                     "created": plan.created,
                     "dropped": plan.dropped,
                 }),

@@ -12,7 +12,7 @@ pub(crate) enum Failure {
     Usage(String),
     /// A message named does not exist, or is not in the state the command needs (exit 3).
     NotFound(String),
-    /// `idem check` found something to fix, and printed it (exit 4).
+    /// `idem check` or `idem reconcile` found something to fix, and printed it (exit 4).
     Unhealthy,
 }
 
@@ -39,6 +39,15 @@ impl Failure {
         eprintln!("idem: {message}");
         ExitCode::from(code)
     }
+}
+
+/// `--yes`, which every command that changes or deletes something takes: without it, the
+/// command says what it would do and changes nothing (a dry run, exit 0).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub(crate) struct Confirm {
+    /// Do it. Without it, the command says what it would do and changes nothing.
+    #[arg(long)]
+    pub(crate) yes: bool,
 }
 
 /// Prints what a command did: `line` for people, `value` with `--json`.

@@ -15,8 +15,9 @@ const IN_MEMORY: &str = "duplicates answered, keys reused with another body, con
 
 pub(crate) async fn run(database: &Database, window: Duration, json: bool) -> Result<(), Failure> {
     let (activity, groups, backlog) = with_pool!(database, pool => async {
-        let tables = idem::check_tables(pool, None).await?;
-        let (activity, groups) = if tables.has("idem_inbox") {
+        let tables = idem::existing_tables(pool, &["idem_inbox", "idem_outbox"]).await?;
+        let has = |table: &str| tables.iter().any(|t| t == table);
+        let (activity, groups) = if has("idem_inbox") {
             (
                 idem::inbox::activity(pool, window).await?,
                 idem::inbox::groups(pool).await?,
@@ -24,7 +25,7 @@ pub(crate) async fn run(database: &Database, window: Duration, json: bool) -> Re
         } else {
             (Vec::new(), Vec::new())
         };
-        let backlog = if tables.has("idem_outbox") {
+        let backlog = if has("idem_outbox") {
             Some(idem::outbox::backlog(pool).await?)
         } else {
             None

@@ -134,6 +134,12 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     let dry = json(url, &["outbox", "requeue", "a"], 0);
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["ids"], serde_json::json!(["a"]));
+    // `--error` takes one group, its error exactly; `--error-containing` any whose error
+    // contains the text.
+    let exact = json(url, &["outbox", "requeue", "--error", "refused"], 0);
+    assert_eq!(exact["ids"], serde_json::json!([]));
+    let exact = json(url, &["outbox", "discard", "--error", "timeout"], 0);
+    assert_eq!(exact["ids"], serde_json::json!(["c"]));
     let missing = json(url, &["outbox", "requeue", "a", "nope", "--yes"], 3);
     assert_eq!(missing["error"]["kind"], "not_found");
     assert_eq!(json(url, &["outbox", "backlog"], 0)["dead"], 3);
@@ -147,7 +153,14 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     let out = idem(
         Some(url),
         &[
-            "outbox", "requeue", "--error", "refused", "--yes", "--json", "--actor", "alice",
+            "outbox",
+            "requeue",
+            "--error-containing",
+            "refused",
+            "--yes",
+            "--json",
+            "--actor",
+            "alice",
         ],
     );
     assert!(out.status.success(), "{out:?}");
@@ -619,5 +632,177 @@ fn bad_input_is_a_usage_error() {
     );
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", missing.display()));
+    }
+}
+
+/// `idem reconcile` on a SQLite file: clean (exit 0), then with a planted duplicate, an
+/// effect written around idem and a deleted effect (exit 4, each named); a machine's rows
+/// named by `--rows`; a query of the effects; bad names (exit 2) and a missing table
+/// (exit 3).
+#[tokio::test]
+async fn reconcile_names_what_it_finds() {
+    use idem::inbox::{Inbox, MessageKey};
+    let path = std::env::temp_dir().join(format!("idem-cli-reconcile-{}.db", std::process::id()));
+    let url = format!("sqlite:{}", path.display());
+    let options = idem::sqlite_options(&url).unwrap().create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE payments (message_key TEXT NOT NULL, amount INTEGER NOT NULL);
+         CREATE TABLE orders (order_id INTEGER PRIMARY KEY, status TEXT NOT NULL);
+         CREATE TABLE charges (order_id INTEGER NOT NULL);
+         INSERT INTO orders VALUES (1, 'PAID'), (2, 'SHIPPED'), (3, 'CREATED');
+         INSERT INTO charges VALUES (1), (2), (2), (3);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let inbox = Inbox::new("payments").unwrap();
+    for k in ["k1", "k2", "k3"] {
+        let _ = inbox
+            .process(&pool, &MessageKey::new(k).unwrap(), b"{}", {
+                async move |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
+                    sqlx::query("INSERT INTO payments VALUES (?, 10)")
+                        .bind(k)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                }
+            })
+            .await
+            .unwrap();
+    }
+    let group = [
+        "reconcile",
+        "--group",
+        "payments",
+        "--table",
+        "payments",
+        "--key",
+        "message_key",
+    ];
+    let clean = json(&url, &group, 0);
+    assert_eq!(
+        (clean["clean"].as_bool(), clean["effects"].as_u64()),
+        (Some(true), Some(3))
+    );
+
+    sqlx::raw_sql(
+        "INSERT INTO payments VALUES ('k1', 10), ('rogue', 5);
+         DELETE FROM payments WHERE message_key = 'k3';",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let found = json(&url, &group, 4);
+    assert_eq!(found["clean"], false);
+    assert_eq!(
+        found["duplicates"],
+        serde_json::json!({"count": 1, "first": [{"key": "k1", "effects": 2}]})
+    );
+    assert_eq!(
+        found["effects_without_record"],
+        serde_json::json!({"count": 1, "first": [{"key": "rogue", "effects": 1}]})
+    );
+    assert_eq!(
+        found["records_without_effect"],
+        serde_json::json!({"count": 1, "first": ["k3"]})
+    );
+    let text = idem(Some(&url), &group);
+    assert_eq!(text.status.code(), Some(4));
+    assert_eq!(
+        String::from_utf8_lossy(&text.stdout),
+        "4 effect(s) read against 3 done record(s)\n\
+         keys with more than one effect: 1: k1 (2)\n\
+         effects without a record: 1: rogue (1)\n\
+         records without an effect: 1: k3\n"
+    );
+    let query = json(
+        &url,
+        &[
+            "reconcile",
+            "--group",
+            "payments",
+            "--query",
+            "SELECT message_key AS ref FROM payments WHERE amount > 5",
+            "--key",
+            "ref",
+        ],
+        4,
+    );
+    assert_eq!(
+        query["effects_without_record"]["count"], 0,
+        "rogue's amount is 5: {query}"
+    );
+
+    // A machine's rows past PAID: order 2 charged twice, 3 charged before it was paid.
+    let rows = json(
+        &url,
+        &[
+            "reconcile",
+            "--rows",
+            "orders",
+            "--row-key",
+            "order_id",
+            "--state-column",
+            "status",
+            "--states",
+            "PAID,SHIPPED",
+            "--table",
+            "charges",
+            "--key",
+            "order_id",
+        ],
+        4,
+    );
+    assert_eq!(rows["duplicates"]["first"][0]["key"], "2");
+    assert_eq!(rows["effects_without_record"]["first"][0]["key"], "3");
+    assert_eq!(rows["records_without_effect"]["count"], 0);
+
+    let bad = json(
+        &url,
+        &[
+            "reconcile",
+            "--group",
+            "payments",
+            "--table",
+            "pay ments",
+            "--key",
+            "k",
+        ],
+        2,
+    );
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`pay ments`"),
+        "{bad}"
+    );
+    let missing = json(
+        &url,
+        &[
+            "reconcile",
+            "--group",
+            "payments",
+            "--table",
+            "nowhere",
+            "--key",
+            "k",
+        ],
+        3,
+    );
+    assert_eq!(
+        missing["error"]["message"],
+        "the table `nowhere` does not exist"
+    );
+    let unnamed = idem(
+        Some(&url),
+        &["reconcile", "--table", "payments", "--key", "k"],
+    );
+    assert_eq!(unnamed.status.code(), Some(2), "{unnamed:?}");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
 }

@@ -23,6 +23,7 @@ pub mod inbox;
 pub mod lease;
 mod machine;
 pub mod outbox;
+pub mod reconcile;
 #[cfg(feature = "schedule")]
 pub mod schedule;
 mod schema;
@@ -49,6 +50,7 @@ pub use machine::verify::{SchemaReport, verify};
 pub use schema::migrate;
 pub use schema::tables::{
     ColumnRole, DEFAULT_RESULTS_TABLE, Migration, SchemaProblem, TablesReport, check_tables,
+    existing_tables,
 };
 pub use transition::classification::{Classification, set_postgres_classification};
 pub use transition::creation::{Created, Creation};

@@ -26,5 +26,6 @@ pub mod limits;
 pub mod outbox;
 pub mod partition;
 pub mod placeholder;
+pub mod reconcile;
 pub mod spelling;
 pub mod transition;

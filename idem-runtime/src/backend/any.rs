@@ -92,6 +92,16 @@ impl Backend for Any {
         generic::fetch_all::<Any>(conn, dialect, sql, params).await
     }
 
+    async fn fetch_each<'a, F: FnMut(Record) + Send + 'a>(
+        conn: &'a mut AnyConnection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+        each: F,
+    ) -> Result<(), sqlx::Error> {
+        let dialect = Any::dialect(conn)?;
+        generic::fetch_each::<Any, F>(conn, dialect, sql, params, each).await
+    }
+
     async fn execute(
         conn: &mut AnyConnection,
         sql: &str,

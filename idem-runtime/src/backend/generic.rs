@@ -54,6 +54,34 @@ where
     rows.iter().map(|row| decoded::<DB>(row, true)).collect()
 }
 
+/// Runs `sql` with `params` and hands each row, decoded, to `each` as it arrives: the rows
+/// are streamed, never all held (reconciling a table of millions of rows).
+pub(super) async fn fetch_each<'a, DB, F>(
+    conn: &'a mut DB::Connection,
+    dialect: Dialect,
+    sql: &'a str,
+    params: &'a [Param<'a>],
+    mut each: F,
+) -> Result<(), sqlx::Error>
+where
+    DB: Bind,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    F: FnMut(Record) + Send + 'a,
+{
+    use futures_util::TryStreamExt;
+    let (sql, params) = placed(dialect, sql, params)?;
+    let mut rows = prepare::<DB>(dialect, &sql, &params).fetch(&mut *conn);
+    while let Some(row) = rows.try_next().await? {
+        each(decoded::<DB>(&row, true)?);
+    }
+    Ok(())
+}
+
 /// A row as a [`Record`]: every column an integer, text or NULL; with `bytes`, a binary
 /// value that is not UTF-8 as bytes (without, it is an error: where idem reads only text).
 fn decoded<DB>(row: &DB::Row, bytes: bool) -> Result<Record, sqlx::Error>
@@ -171,6 +199,15 @@ macro_rules! run_generically {
         > + Send
         + 'a {
             $crate::backend::generic::fetch_all::<$db>(conn, $dialect, sql, params)
+        }
+
+        fn fetch_each<'a, F: FnMut($crate::backend::Record) + Send + 'a>(
+            conn: &'a mut $conn,
+            sql: &'a str,
+            params: &'a [$crate::backend::Param<'a>],
+            each: F,
+        ) -> impl core::future::Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+            $crate::backend::generic::fetch_each::<$db, F>(conn, $dialect, sql, params, each)
         }
 
         fn execute<'a>(

@@ -91,6 +91,15 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send + 'a;
 
+    /// Runs `sql` with `params` and hands each row to `each` as it arrives (streamed).
+    #[doc(hidden)]
+    fn fetch_each<'a, F: FnMut(Record) + Send + 'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+        each: F,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     #[doc(hidden)]
     fn execute<'a>(
         conn: &'a mut Self::Connection,

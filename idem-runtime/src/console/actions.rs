@@ -73,11 +73,11 @@ pub(crate) async fn outbox<DB: Backend>(
     let pool = &shared.pool;
     let ids: Vec<String> = match (field("id"), field("error")) {
         (Some(id), _) => vec![id],
-        (None, Some(error)) => match outbox::dead(pool, MAX_GROUP).await {
-            Ok(dead) => dead
+        (None, Some(error)) => match outbox::dead_by_error(pool, MAX_GROUP).await {
+            Ok(groups) => groups
                 .into_iter()
-                .filter(|m| m.last_error.as_deref().unwrap_or("") == error)
-                .map(|m| m.id)
+                .filter(|group| group.error == error)
+                .flat_map(|group| group.messages.into_iter().map(|m| m.id))
                 .collect(),
             Err(e) => return database(e),
         },

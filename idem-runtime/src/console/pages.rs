@@ -6,12 +6,11 @@ use super::guard::{Actor, note_is_signed, token};
 use super::html::{self, Frame, ago, button, escape, table};
 use crate::backend::Backend;
 use crate::inbox::{self, RecordStatus};
-use crate::outbox::{self, DeadMessage};
+use crate::outbox;
 use axum::Extension;
 use axum::extract::{OriginalUri, State};
 use axum::response::{Html, IntoResponse, Response};
 use http::{StatusCode, Uri};
-use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::sync::Arc;
 
@@ -209,9 +208,9 @@ pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let limit = looked.0.limit;
     let read = async {
-        if !crate::schema::tables::check_tables(pool, None)
+        if crate::existing_tables(pool, &["idem_outbox"])
             .await?
-            .has("idem_outbox")
+            .is_empty()
         {
             return Ok(None);
         }
@@ -232,19 +231,11 @@ pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
             out.push_str("<h2>Dead messages</h2><p>No dead messages.</p>");
             return Ok::<_, sqlx::Error>(out);
         }
-        let mut by_error: BTreeMap<&str, Vec<&DeadMessage>> = BTreeMap::new();
-        for message in &dead {
-            by_error
-                .entry(message.last_error.as_deref().unwrap_or(""))
-                .or_default()
-                .push(message);
-        }
-        let mut groups: Vec<_> = by_error.into_iter().collect();
-        groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+        let groups = outbox::by_error(dead.clone());
         let rows: Vec<Vec<String>> = groups
             .iter()
-            .map(|(error, messages)| {
-                let n = messages.len();
+            .map(|group| {
+                let (error, n) = (group.error.as_str(), group.messages.len());
                 vec![
                     n.to_string(),
                     escape(error),
@@ -335,9 +326,9 @@ pub(crate) async fn inbox<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let limit = looked.0.limit;
     let read = async {
-        if !crate::schema::tables::check_tables(pool, None)
+        if crate::existing_tables(pool, &["idem_inbox"])
             .await?
-            .has("idem_inbox")
+            .is_empty()
         {
             return Ok(None);
         }

@@ -128,3 +128,27 @@ pub struct Statements {
     /// with [`enforce`](crate::enforce) or in a migration of yours.
     pub enforce: &'static str,
 }
+
+#[cfg(test)]
+impl Statements {
+    /// No statements: for the tests of what a definition says, which run none.
+    pub(crate) const NONE: Statements = Statements {
+        transition: "",
+        transition_guarded: "",
+        transition_storing: "",
+        transition_storing_guarded: "",
+        transition_watermark: "",
+        transition_storing_watermark: "",
+        update_watermark: "",
+        update: "",
+        update_guarded: "",
+        classify: "",
+        classify_unlocked: "",
+        store_result: "",
+        create_results_table: "",
+        create: "",
+        classify_created: "",
+        create_storing: "",
+        enforce: "",
+    };
+}

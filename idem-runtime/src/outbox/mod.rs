@@ -241,6 +241,45 @@ pub async fn dead<DB: Backend>(
         .collect())
 }
 
+/// Dead messages that died of the same last error: a failure group, as the command line
+/// (`idem outbox dead`) and the console show them — fix the cause once, then requeue the
+/// group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadGroup {
+    /// The last error they share, exactly (empty when none was recorded).
+    pub error: String,
+    /// Its messages, oldest first.
+    pub messages: Vec<DeadMessage>,
+}
+
+/// The dead messages ([`dead`]: at most `limit`, the oldest) grouped by their exact last
+/// error, the largest group first (then by error).
+pub async fn dead_by_error<DB: Backend>(
+    pool: &Pool<DB>,
+    limit: u32,
+) -> Result<Vec<DeadGroup>, sqlx::Error> {
+    Ok(by_error(dead(pool, limit).await?))
+}
+
+pub(crate) fn by_error(dead: Vec<DeadMessage>) -> Vec<DeadGroup> {
+    let mut groups: std::collections::BTreeMap<String, Vec<DeadMessage>> = Default::default();
+    for message in dead {
+        let error = message.last_error.clone().unwrap_or_default();
+        groups.entry(error).or_default().push(message);
+    }
+    let mut groups: Vec<DeadGroup> = groups
+        .into_iter()
+        .map(|(error, messages)| DeadGroup { error, messages })
+        .collect();
+    groups.sort_by(|a, b| {
+        b.messages
+            .len()
+            .cmp(&a.messages.len())
+            .then_with(|| a.error.cmp(&b.error))
+    });
+    groups
+}
+
 /// Sends a dead message again, as new (its attempts from 0, due now): `true` if `id` was
 /// dead. Its ordering key goes on once it is published: the messages held behind it are
 /// released in the same transaction ([`Backlog::held`]).
@@ -481,5 +520,50 @@ impl<DB: Backend> Plan<DB> for Admin<'_> {
 
     fn outcome_name(reply: &(u64, &'static str)) -> &'static str {
         reply.1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dead(id: &str, error: Option<&str>) -> DeadMessage {
+        DeadMessage {
+            id: id.to_owned(),
+            ordering_key: String::new(),
+            destination: String::new(),
+            routing_key: String::new(),
+            attempts: 3,
+            last_error: error.map(str::to_owned),
+            created_at_millis: 0,
+            dead_at_millis: 0,
+        }
+    }
+
+    #[test]
+    fn dead_messages_group_by_their_exact_error_largest_first() {
+        let groups = by_error(vec![
+            dead("a", Some("timeout")),
+            dead("b", Some("refused")),
+            dead("c", None),
+            dead("d", Some("refused")),
+            dead("e", Some("timeout ")),
+        ]);
+        let seen: Vec<(&str, Vec<&str>)> = groups
+            .iter()
+            .map(|g| {
+                let ids = g.messages.iter().map(|m| m.id.as_str()).collect();
+                (g.error.as_str(), ids)
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("refused", vec!["b", "d"]),
+                ("", vec!["c"]),
+                ("timeout", vec!["a"]),
+                ("timeout ", vec!["e"]),
+            ]
+        );
     }
 }

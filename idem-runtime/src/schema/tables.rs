@@ -52,24 +52,61 @@ pub async fn check_tables<DB: Backend>(
             applied: probe_holds::<DB>(conn, dialect, *probe).await?,
         });
     }
-    let mut tables = Vec::new();
-    for table in [
-        results,
-        "idem_inbox",
-        "idem_outbox",
-        "idem_leases",
-        "idem_jobs",
-    ] {
-        if columns::<DB>(conn, dialect, table).await?.is_some() {
-            tables.push(table.to_owned());
-        }
-    }
+    let tables = existing::<DB>(
+        conn,
+        dialect,
+        &[
+            results,
+            "idem_inbox",
+            "idem_outbox",
+            "idem_leases",
+            "idem_jobs",
+        ],
+    )
+    .await?;
     opened.end(true).await?;
     Ok(TablesReport {
         migrations: applied,
         tables,
         problems,
     })
+}
+
+/// Which of the tables `names` (`name` or `schema.name`) the database has, in the order
+/// given: one catalogue read per table, nothing else — for a tool that only needs to know
+/// what it can read (`check_tables` also checks each table's columns and keys).
+///
+/// ```
+/// # async fn demo(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+/// idem::migrate(&pool).await?;
+/// let found = idem::existing_tables(&pool, &["idem_inbox", "payments"]).await?;
+/// assert_eq!(found, ["idem_inbox"]);
+/// # Ok(()) }
+/// ```
+pub async fn existing_tables<DB: Backend>(
+    pool: &Pool<DB>,
+    names: &[&str],
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let dialect = DB::dialect(conn)?;
+    let found = existing::<DB>(conn, dialect, names).await?;
+    opened.end(true).await?;
+    Ok(found)
+}
+
+async fn existing<DB: Backend>(
+    conn: &mut DB::Connection,
+    dialect: Dialect,
+    names: &[&str],
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut found = Vec::new();
+    for &table in names {
+        if columns::<DB>(conn, dialect, table).await?.is_some() {
+            found.push(table.to_owned());
+        }
+    }
+    Ok(found)
 }
 
 /// Whether what a migration creates or changes is there.

@@ -124,26 +124,6 @@ mod tests {
     use crate::machine::definition::Definition;
     use crate::machine::sql::{MachineSql, Statements};
 
-    const NO_SQL: Statements = Statements {
-        transition: "",
-        transition_guarded: "",
-        transition_storing: "",
-        transition_storing_guarded: "",
-        transition_watermark: "",
-        transition_storing_watermark: "",
-        update_watermark: "",
-        update: "",
-        update_guarded: "",
-        classify: "",
-        classify_unlocked: "",
-        store_result: "",
-        create_results_table: "",
-        create: "",
-        classify_created: "",
-        create_storing: "",
-        enforce: "",
-    };
-
     // CREATED(0) -> PAID(1) -> SHIPPED(2); CREATED -> CANCELLED(3)
     static ORDER: Definition = Definition {
         name: "Order",
@@ -156,7 +136,7 @@ mod tests {
         states: &["CREATED", "PAID", "SHIPPED", "CANCELLED"],
         transitions: &[(0, 1), (1, 2), (0, 3)],
         reachable: &[(0, 1), (0, 2), (0, 3), (1, 2)],
-        sql: MachineSql::new([NO_SQL; crate::Dialect::ALL.len()]),
+        sql: MachineSql::new([Statements::NONE; crate::Dialect::ALL.len()]),
     };
 
     fn pay() -> Transition {

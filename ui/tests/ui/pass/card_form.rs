@@ -51,8 +51,14 @@ impl Order {
         Ok(())
     }
 
-    #[idempotent(key = "order_id", from = "CREATED", to = "CANCELLED",
-                 inbox = "inbox", message = "message", payload = "payload")]
+    #[idempotent(
+        key = "order_id",
+        from = "CREATED",
+        to = "CANCELLED",
+        inbox = "inbox",
+        message = "message",
+        payload = "payload"
+    )]
     async fn cancel_on_message(
         tx: &mut Transaction<'_, Sqlite>,
         inbox: &Inbox,
@@ -75,7 +81,11 @@ struct Warehouse;
 impl Warehouse {
     // Not the machine's impl: the machine is named.
     #[idempotent(machine = Order, key = "order_id", from = "PAID", to = "SHIPPED")]
-    async fn ship(&self, tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
+    async fn ship(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        order_id: i64,
+    ) -> Result<(), sqlx::Error> {
         let _ = tx;
         Ok(())
     }

@@ -2,7 +2,12 @@ use idem::{StateMachine, idempotent};
 use sqlx::{Sqlite, Transaction};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
 enum Order {
     #[state(name = "CREATED", to(Paid, Cancelled))]
     Created,
@@ -14,7 +19,6 @@ enum Order {
     Cancelled,
 }
 
-
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Receipt {
     amount: i64,
@@ -22,7 +26,11 @@ struct Receipt {
 
 // A creation under a text key, with columns, returning a stored result.
 #[idempotent(machine = Order, key = "order_id", create = "CREATED", set(amount, created_at = now()))]
-async fn create(tx: &mut Transaction<'_, Sqlite>, order_id: &str, amount: i64) -> Result<Receipt, sqlx::Error> {
+async fn create(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_id: &str,
+    amount: i64,
+) -> Result<Receipt, sqlx::Error> {
     let _ = tx;
     Ok(Receipt { amount })
 }
@@ -46,7 +54,10 @@ async fn callers(pool: &sqlx::SqlitePool, pg: &sqlx::PgPool) {
     assert_send(&creating);
     match creating.await.unwrap() {
         idem::Creation::Created(receipt) => assert_eq!(receipt.amount, 5),
-        idem::Creation::Duplicate { current, first_result } => {
+        idem::Creation::Duplicate {
+            current,
+            first_result,
+        } => {
             let _ = (current, first_result);
         }
         idem::Creation::Conflict { current } => {

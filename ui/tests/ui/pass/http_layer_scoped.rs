@@ -11,8 +11,8 @@ async fn create_order(tx: Tx<Sqlite>) -> Committed<&'static str> {
 
 // Either choice compiles, and shows in the layer's type.
 fn app(pool: SqlitePool) -> Router {
-    let per_caller: IdempotencyLayer<Sqlite> = IdempotencyLayer::new(pool.clone(), Inbox::new("a").unwrap())
-        .principal(|parts| {
+    let per_caller: IdempotencyLayer<Sqlite> =
+        IdempotencyLayer::new(pool.clone(), Inbox::new("a").unwrap()).principal(|parts| {
             parts
                 .headers
                 .get("x-api-key")

@@ -41,7 +41,12 @@ mod workflow {
     pub mod core {}
 
     #[derive(::idem::StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-    #[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+    #[machine(
+        table = "orders",
+        key = "order_id",
+        state = "status",
+        version = "version"
+    )]
     pub enum Order {
         #[state(name = "CREATED", to(Paid))]
         Created,

@@ -1,4 +1,5 @@
-// The machine is declared in one module and named by path from another.
+// The machine is declared in one module and named by path from another: absolute from the
+// crate's root (this case is the module `machine_by_path` of `tests/pass.rs`), and relative.
 #![allow(dead_code)]
 
 mod orders {
@@ -15,7 +16,7 @@ mod orders {
 mod handlers {
     use sqlx::{Sqlite, Transaction};
 
-    #[idem::idempotent(machine = crate::orders::Order, key = "order_id", from = "CREATED", to = "PAID")]
+    #[idem::idempotent(machine = crate::machine_by_path::orders::Order, key = "order_id", from = "CREATED", to = "PAID")]
     pub async fn pay(tx: &mut Transaction<'_, Sqlite>, order_id: i64) -> Result<(), sqlx::Error> {
         let _ = (tx, order_id);
         Ok(())

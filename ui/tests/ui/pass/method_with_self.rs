@@ -40,5 +40,7 @@ async fn call(payments: &Payments, pool: &sqlx::SqlitePool) {
 }
 
 fn main() {
-    let _ = Payments { currency: "EUR".into() };
+    let _ = Payments {
+        currency: "EUR".into(),
+    };
 }

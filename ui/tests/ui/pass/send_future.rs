@@ -23,11 +23,12 @@ pub async fn pay(
     order_id: i64,
     amount: i64,
 ) -> Result<Receipt, sqlx::Error> {
-    let payment_id = sqlx::query_scalar("INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
-        .bind(order_id)
-        .bind(amount)
-        .fetch_one(&mut **tx)
-        .await?;
+    let payment_id =
+        sqlx::query_scalar("INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id")
+            .bind(order_id)
+            .bind(amount)
+            .fetch_one(&mut **tx)
+            .await?;
     Ok(Receipt { payment_id })
 }
 

@@ -2,7 +2,12 @@ use idem::{StateMachine, idempotent};
 use sqlx::{Sqlite, Transaction};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
 enum Order {
     #[state(name = "CREATED", to(Paid, Cancelled))]
     Created,
@@ -13,7 +18,6 @@ enum Order {
     #[state(name = "CANCELLED")]
     Cancelled,
 }
-
 
 /// A newtype bound as an integer.
 struct Cents(i64);

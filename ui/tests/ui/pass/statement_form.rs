@@ -1,7 +1,12 @@
 use idem::{StateMachine, idempotent};
 
 #[derive(StateMachine, Debug, Clone, Copy, PartialEq, Eq)]
-#[machine(table = "orders", key = "order_id", state = "status", version = "version")]
+#[machine(
+    table = "orders",
+    key = "order_id",
+    state = "status",
+    version = "version"
+)]
 enum Order {
     #[state(name = "CREATED", to(Paid, Cancelled))]
     Created,
@@ -12,7 +17,6 @@ enum Order {
     #[state(name = "CANCELLED")]
     Cancelled,
 }
-
 
 type Db = sqlx::Pool<sqlx::Postgres>;
 

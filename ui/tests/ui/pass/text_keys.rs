@@ -14,13 +14,22 @@ enum Order {
 
 #[idempotent(machine = Order, key = "reference", from = "CREATED", to = "PAID")]
 async fn pay_owned(tx: &mut Transaction<'_, Sqlite>, reference: String) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT $1").bind(&reference).execute(&mut **tx).await?;
+    sqlx::query("SELECT $1")
+        .bind(&reference)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
 #[idempotent(machine = Order, key = "reference", from = "CREATED", to = "PAID")]
-async fn pay_borrowed(tx: &mut Transaction<'_, Sqlite>, reference: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT $1").bind(reference).execute(&mut **tx).await?;
+async fn pay_borrowed(
+    tx: &mut Transaction<'_, Sqlite>,
+    reference: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT $1")
+        .bind(reference)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
