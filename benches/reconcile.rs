@@ -51,7 +51,8 @@ async fn schema(url: &str, rows: usize) -> PgPool {
     let admin = PgPool::connect(url).await.unwrap();
     let refill = std::env::var("IDEM_BENCH_REFILL").is_ok_and(|v| v == "1");
     let filled: Option<i64> = sqlx::query_scalar(
-        "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'payments'",
+        // Filled to the end: the index is made last.
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'payments_message_key'",
     )
     .bind(&schema)
     .fetch_optional(&admin)
@@ -104,13 +105,15 @@ async fn schema(url: &str, rows: usize) -> PgPool {
                 .await
                 .unwrap();
         }
-        sqlx::raw_sql(
-            "CREATE INDEX payments_message_key ON payments (message_key); \
-             VACUUM ANALYZE idem_inbox; VACUUM ANALYZE payments",
+        run(
+            &pool,
+            &[
+                "CREATE INDEX payments_message_key ON payments (message_key)",
+                "VACUUM ANALYZE idem_inbox",
+                "VACUUM ANALYZE payments",
+            ],
         )
-        .execute(&pool)
-        .await
-        .unwrap();
+        .await;
         eprintln!(
             "filled {rows} records and payments in {:.0?}",
             started.elapsed()
@@ -137,15 +140,29 @@ async fn plant(pool: &PgPool, missing: usize) {
 }
 
 async fn restore(pool: &PgPool) {
-    sqlx::raw_sql(&format!(
-        "DELETE FROM payments WHERE message_key LIKE 'rogue%'; \
-         DELETE FROM payments WHERE ctid IN (SELECT min(ctid) FROM payments \
-             WHERE message_key IN (SELECT 'k' || g FROM generate_series(1, {PLANTED}) g) GROUP BY message_key); \
-         INSERT INTO payments SELECT * FROM deleted; DROP TABLE deleted; VACUUM ANALYZE payments"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
+    let duplicates = format!(
+        "DELETE FROM payments WHERE ctid IN (SELECT min(ctid) FROM payments \
+         WHERE message_key IN (SELECT 'k' || g FROM generate_series(1, {PLANTED}) g) GROUP BY message_key)"
+    );
+    run(
+        pool,
+        &[
+            "DELETE FROM payments WHERE message_key LIKE 'rogue%'",
+            &duplicates,
+            "INSERT INTO payments SELECT * FROM deleted",
+            "DROP TABLE deleted",
+            "VACUUM ANALYZE payments",
+        ],
+    )
+    .await;
+}
+
+/// Runs each statement on its own (`VACUUM` cannot run inside a transaction block, which a
+/// string of several statements is).
+async fn run(pool: &PgPool, statements: &[&str]) {
+    for statement in statements {
+        sqlx::raw_sql(statement).execute(pool).await.unwrap();
+    }
 }
 
 async fn floor(pool: &PgPool) -> (i64, i64) {

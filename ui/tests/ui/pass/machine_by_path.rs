@@ -1,5 +1,5 @@
 // The machine is declared in one module and named by path from another: absolute from the
-// crate's root (this case is the module `machine_by_path` of `tests/pass.rs`), and relative.
+// crate's root (this case is the module `machine_by_path` of `tests/ui.rs`), and relative.
 #![allow(dead_code)]
 
 mod orders {
