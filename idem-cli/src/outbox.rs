@@ -17,7 +17,7 @@ pub(crate) enum Command {
     Backlog,
     /// The dead messages, grouped by their last error (`--all-messages` lists each one).
     Dead {
-        /// List every dead message instead of the groups.
+        /// List every dead message instead of the groups, in the order they were staged.
         #[arg(long)]
         all_messages: bool,
     },
@@ -132,9 +132,21 @@ async fn backlog(database: &Database, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn read_dead(database: &Database) -> Result<Vec<DeadGroup>, Failure> {
+/// The dead messages in the order they were staged (the order the relay publishes in).
+async fn read_dead(database: &Database) -> Result<Vec<DeadMessage>, Failure> {
+    with_pool!(database, pool => idem::outbox::dead(pool, MAX_DEAD).await)
+        .map_err(Failure::database)
+}
+
+/// The dead messages' failure groups, the largest first.
+async fn read_groups(database: &Database) -> Result<Vec<DeadGroup>, Failure> {
     with_pool!(database, pool => idem::outbox::dead_by_error(pool, MAX_DEAD).await)
         .map_err(Failure::database)
+}
+
+/// The error a message's group is named by, as [`DeadGroup::error`] spells it.
+fn group_of(message: &DeadMessage) -> &str {
+    message.last_error.as_deref().unwrap_or_default()
 }
 
 fn message_json(message: &DeadMessage) -> serde_json::Value {
@@ -151,10 +163,8 @@ fn message_json(message: &DeadMessage) -> serde_json::Value {
 }
 
 async fn dead(database: &Database, all_messages: bool, json: bool) -> Result<(), Failure> {
-    let groups = read_dead(database).await?;
     if all_messages {
-        let mut dead: Vec<&DeadMessage> = groups.iter().flat_map(|g| &g.messages).collect();
-        dead.sort_by_key(|m| m.dead_at_millis);
+        let dead = read_dead(database).await?;
         let rows: Vec<Vec<String>> = dead
             .iter()
             .map(|m| {
@@ -174,10 +184,12 @@ async fn dead(database: &Database, all_messages: bool, json: bool) -> Result<(),
             "attempts",
             "last error",
         ];
-        let value = serde_json::json!({"messages": dead.iter().map(|m| message_json(m)).collect::<Vec<_>>()});
+        let value =
+            serde_json::json!({"messages": dead.iter().map(message_json).collect::<Vec<_>>()});
         report::done(json, &report::table(&header, &rows), value);
         return Ok(());
     }
+    let groups = read_groups(database).await?;
     let rows: Vec<Vec<String>> = groups
         .iter()
         .map(|group| {
@@ -252,26 +264,21 @@ async fn act(
             action.verb()
         )));
     }
-    let groups = read_dead(database).await?;
-    let of = |keep: &dyn Fn(&DeadGroup) -> bool| -> Vec<&DeadMessage> {
-        groups
-            .iter()
-            .filter(|g| keep(g))
-            .flat_map(|g| &g.messages)
-            .collect()
+    let dead = read_dead(database).await?;
+    let of = |keep: &dyn Fn(&str) -> bool| -> Vec<&DeadMessage> {
+        dead.iter().filter(|m| keep(group_of(m))).collect()
     };
     let chosen: Vec<&DeadMessage> = if targets.all {
         of(&|_| true)
     } else if let Some(error) = &targets.error {
-        of(&|g| g.error == *error)
+        of(&|group| group == error)
     } else if let Some(text) = &targets.error_containing {
-        of(&|g| g.error.contains(text.as_str()))
+        of(&|group| group.contains(text.as_str()))
     } else {
-        let dead = of(&|_| true);
         let mut chosen = Vec::new();
         for id in &targets.ids {
             match dead.iter().find(|m| &m.id == id) {
-                Some(message) => chosen.push(*message),
+                Some(message) => chosen.push(message),
                 None => {
                     return Err(Failure::NotFound(format!(
                         "no dead message has the id `{id}` (nothing was {})",

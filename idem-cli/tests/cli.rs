@@ -41,14 +41,14 @@ fn json(url: &str, args: &[&str], code: i32) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Fails `a` and `b` as refused, `c` as timed out; acknowledges the rest.
+/// Fails `a` and `c` as refused, `b` as timed out; acknowledges the rest.
 struct Failing;
 
 impl Publisher for Failing {
     async fn publish(&self, message: &Outgoing) -> Result<Published, PublishError> {
         match message.id() {
-            "a" | "b" => Err("broker refused".into()),
-            "c" => Err("timeout".into()),
+            "a" | "c" => Err("broker refused".into()),
+            "b" => Err("timeout".into()),
             _ => Ok(Published::Acked),
         }
     }
@@ -119,14 +119,14 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     assert_eq!(
         dead["groups"],
         serde_json::json!([
-            {"error": "broker refused", "count": 2, "ids": ["a", "b"]},
-            {"error": "timeout", "count": 1, "ids": ["c"]},
+            {"error": "broker refused", "count": 2, "ids": ["a", "c"]},
+            {"error": "timeout", "count": 1, "ids": ["b"]},
         ])
     );
     let table = idem(Some(url), &["outbox", "dead"]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(
-        table.starts_with("count  last error") && table.contains("2      broker refused  a, b"),
+        table.starts_with("count  last error") && table.contains("2      broker refused  a, c"),
         "{table}"
     );
 
@@ -139,7 +139,18 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     let exact = json(url, &["outbox", "requeue", "--error", "refused"], 0);
     assert_eq!(exact["ids"], serde_json::json!([]));
     let exact = json(url, &["outbox", "discard", "--error", "timeout"], 0);
-    assert_eq!(exact["ids"], serde_json::json!(["c"]));
+    assert_eq!(exact["ids"], serde_json::json!(["b"]));
+    // Lists of messages keep the order they were staged in, whatever their groups.
+    let all = json(url, &["outbox", "dead", "--all-messages"], 0);
+    let ids: Vec<&str> = all["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    let every = json(url, &["outbox", "requeue", "--all"], 0);
+    assert_eq!(every["ids"], serde_json::json!(["a", "b", "c"]));
     let missing = json(url, &["outbox", "requeue", "a", "nope", "--yes"], 3);
     assert_eq!(missing["error"]["kind"], "not_found");
     assert_eq!(json(url, &["outbox", "backlog"], 0)["dead"], 3);
@@ -165,7 +176,7 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     );
     assert!(out.status.success(), "{out:?}");
     let requeued: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(requeued["requeued"], serde_json::json!(["a", "b"]));
+    assert_eq!(requeued["requeued"], serde_json::json!(["a", "c"]));
     // Each action logged: when, who, what.
     let log = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = log.lines().collect();
@@ -183,17 +194,17 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
     let counts = published.0.lock().unwrap().clone();
     assert_eq!(
         counts,
-        BTreeMap::from([("a".into(), 1), ("b".into(), 1), ("d".into(), 1)]),
+        BTreeMap::from([("a".into(), 1), ("c".into(), 1), ("d".into(), 1)]),
         "each requeued message and the one held behind it, published once"
     );
 
     // The last one discarded: nothing is left.
     assert_eq!(
         json(url, &["outbox", "discard", "--all"], 0)["ids"],
-        serde_json::json!(["c"])
+        serde_json::json!(["b"])
     );
     let discarded = json(url, &["outbox", "discard", "--all", "--yes"], 0);
-    assert_eq!(discarded["discarded"], serde_json::json!(["c"]));
+    assert_eq!(discarded["discarded"], serde_json::json!(["b"]));
     let backlog = json(url, &["outbox", "backlog"], 0);
     assert_eq!(
         (backlog["pending"].as_u64(), backlog["dead"].as_u64()),
