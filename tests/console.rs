@@ -97,7 +97,7 @@ async fn setup(name: &str) -> SqlitePool {
     let _ = done
         .complete(&pool, Ok::<_, String>("201".to_owned()))
         .await;
-    let stuck = claim(api.lease(Duration::from_millis(1)), "key-91c2").await;
+    let stuck = claim(api.clone().lease(Duration::from_millis(1)), "key-91c2").await;
     std::mem::forget(stuck);
     let shipping = Inbox::new("shipping").unwrap().max_attempts(2);
     for key in ["order-1041", "order-1042"] {
@@ -110,6 +110,22 @@ async fn setup(name: &str) -> SqlitePool {
     let _ = lease
         .complete(&pool, Err::<String, _>("no such address"))
         .await;
+    // An hour of the HTTP layer's keys, for the charts: each done, then set back to its
+    // own moment in the hour (the tables keep when a record was last touched).
+    for n in 0..48i64 {
+        let key: &'static str = format!("req-{n:02}").leak();
+        let lease = claim(api.clone(), key).await;
+        let _ = lease
+            .complete(&pool, Ok::<_, String>("201".to_owned()))
+            .await;
+        let back = (n * n * 1_531 + n * 7_919) % 3_500_000 + 60_000;
+        sqlx::query("UPDATE idem_inbox SET updated_at = updated_at - ? WHERE message_key = ?")
+            .bind(back)
+            .bind(key)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
     pool
 }
 
@@ -183,6 +199,35 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
         overview.body
     );
     assert!(overview.body.contains("billing"));
+    // The last hour's charts: a bar per five minutes, each record in the bar of its last
+    // touch; the HTTP keys' hour spread over the bars.
+    assert_eq!(overview.body.matches("<svg class=\"chart\"").count(), 3);
+    assert!(
+        overview
+            .body
+            .contains("<title>5m ago–now: 1 failed, 1 parked</title>"),
+        "{}",
+        overview.body
+    );
+    let api = &overview.body[overview.body.rfind("<td>orders-api</td>").unwrap()..];
+    let api = &api[..api.find("</svg>").unwrap()];
+    let done: u64 = api
+        .split("<title>")
+        .skip(1)
+        .filter_map(|t| {
+            t.split(": ")
+                .nth(1)?
+                .split(" done")
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(done, 49, "{api}");
+    assert!(
+        api.matches(" done").count() > 6,
+        "spread over the hour: {api}"
+    );
     assert_eq!(overview.header("x-frame-options"), Some("DENY"));
     assert_eq!(overview.header("cache-control"), Some("no-store"));
     assert!(

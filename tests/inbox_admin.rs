@@ -301,3 +301,126 @@ async fn mysql_inbox_is_operated() {
     };
     operated(pool).await;
 }
+
+/// Runs `sql` on `pool` as it is.
+async fn exec<DB: idem::Backend>(pool: &sqlx::Pool<DB>, sql: &str)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::Executor::execute(&mut *conn, sql).await.unwrap();
+}
+
+/// The charts' series: each record in the bucket of its last touch, with its status now.
+async fn charted<DB: idem::Backend>(pool: sqlx::Pool<DB>)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    idem::migrate(&pool).await.unwrap();
+    // `billing`: done, failed once of two attempts, parked after two, one held by a
+    // delivery (`busy`), and two more done (`old`, `later`). `shipping`: one done.
+    let billing = Inbox::new("billing").unwrap().max_attempts(2);
+    for k in ["done", "old", "later"] {
+        let lease = claim(&pool, &billing, k).await;
+        let _ = lease.complete(&pool, Ok::<_, String>(k.to_owned())).await;
+    }
+    let failed = claim(&pool, &billing, "failed").await;
+    let _ = failed.complete(&pool, Err::<String, _>("declined")).await;
+    for _ in 0..2 {
+        let parked = claim(&pool, &billing, "parked").await;
+        let _ = parked.complete(&pool, Err::<String, _>("no account")).await;
+    }
+    let _busy = claim(&pool, &billing, "busy").await;
+    let shipping = Inbox::new("shipping").unwrap();
+    let shipped = claim(&pool, &shipping, "shipped").await;
+    let _ = shipped
+        .complete(&pool, Ok::<_, String>(String::new()))
+        .await;
+    // Moved into the middle of their buckets, away from any edge: `done` 22.5 minutes back
+    // (the bucket 25–20 minutes ago, index 7 of 12), `failed` 57.5 (index 0), `old` 90 (out
+    // of the hour), `later` 10 minutes ahead (not yet: left out).
+    for (k, minutes) in [
+        ("done", -22.5),
+        ("failed", -57.5),
+        ("old", -90.0),
+        ("later", 10.0),
+    ] {
+        let shift = (minutes * 60_000.0) as i64;
+        exec(
+            &pool,
+            &format!(
+                "UPDATE idem_inbox SET updated_at = updated_at + ({shift}) \
+                 WHERE consumer_group = 'billing' AND message_key = '{k}'"
+            ),
+        )
+        .await;
+    }
+    let five = Duration::from_secs(300);
+    let series = idem::inbox::activity_series(&pool, five, 12).await.unwrap();
+    let at = |processing, succeeded, failed, dead| idem::inbox::ActivityBucket {
+        processing,
+        succeeded,
+        failed,
+        dead,
+    };
+    let mut billing_buckets = vec![at(0, 0, 0, 0); 12];
+    billing_buckets[0] = at(0, 0, 1, 0);
+    billing_buckets[7] = at(0, 1, 0, 0);
+    billing_buckets[11] = at(1, 0, 0, 1);
+    let mut shipping_buckets = vec![at(0, 0, 0, 0); 12];
+    shipping_buckets[11] = at(0, 1, 0, 0);
+    assert_eq!(
+        series,
+        [
+            idem::inbox::GroupSeries {
+                group: "billing".into(),
+                bucket: five,
+                buckets: billing_buckets,
+            },
+            idem::inbox::GroupSeries {
+                group: "shipping".into(),
+                bucket: five,
+                buckets: shipping_buckets,
+            },
+        ]
+    );
+    // Two hours in 24 buckets take `old` in too (90 minutes back: index 5 of 24).
+    let wide = idem::inbox::activity_series(&pool, five, 24).await.unwrap();
+    assert_eq!(wide[0].buckets.len(), 24);
+    assert_eq!(wide[0].buckets[5], at(0, 1, 0, 0));
+    assert_eq!(
+        wide[0].buckets.iter().map(|b| b.total()).sum::<u64>(),
+        5,
+        "all of billing's but `later`"
+    );
+    // Out-of-range arguments are clamped, not refused.
+    let one = idem::inbox::activity_series(&pool, Duration::ZERO, 0)
+        .await
+        .unwrap();
+    assert!(
+        one.iter()
+            .all(|s| s.buckets.len() == 1 && s.bucket == Duration::from_millis(1))
+    );
+}
+
+#[tokio::test]
+async fn sqlite_activity_is_charted() {
+    charted(common::sqlite_file(&format!("inbox_chart_{}", common::next_id()), 2).await).await;
+}
+
+#[tokio::test]
+async fn postgres_activity_is_charted() {
+    let Some(pool) = common::postgres(&format!("inbox_chart_{}", common::next_id()), 4).await
+    else {
+        return;
+    };
+    charted(pool).await;
+}
+
+#[tokio::test]
+async fn mysql_activity_is_charted() {
+    let Some(pool) = common::mysql(&format!("inbox_chart_{}", common::next_id()), 4).await else {
+        return;
+    };
+    charted(pool).await;
+}

@@ -166,6 +166,21 @@ pub const ACTIVITY: &str = "SELECT consumer_group, COUNT(*) AS touched, \
     FROM idem_inbox WHERE updated_at >= COALESCE($1, {now}) - $2 \
     GROUP BY consumer_group ORDER BY consumer_group";
 
+/// Each consumer group's records last touched in the `$2` milliseconds before now (`$1`,
+/// NULL: the database's), counted by status in buckets of `$3` milliseconds: `bucket` 0
+/// starts `$2` before now (a record touched exactly now falls in the bucket after the
+/// last, which the reader folds into the last). One range read of the index on
+/// `updated_at`, like [`ACTIVITY`]; `{div}` is the dialect's integer division.
+pub const ACTIVITY_SERIES: &str = "SELECT consumer_group, \
+    (updated_at - (COALESCE($1, {now}) - $2)) {div} $3 AS bucket, \
+    COUNT(CASE WHEN status = 'PROCESSING' THEN 1 END) AS processing, \
+    COUNT(CASE WHEN status = 'SUCCESS' THEN 1 END) AS succeeded, \
+    COUNT(CASE WHEN status = 'FAILED' THEN 1 END) AS failed, \
+    COUNT(CASE WHEN status = 'DEAD' THEN 1 END) AS dead \
+    FROM idem_inbox WHERE updated_at >= COALESCE($1, {now}) - $2 \
+    AND updated_at <= COALESCE($1, {now}) \
+    GROUP BY consumer_group, bucket ORDER BY consumer_group, bucket";
+
 /// The records of status `$2` in group `$1` (`''`: every group), least recently touched
 /// first, at most `$5`; with `$3` = 1 only those whose lease ended by now (`$4`, NULL: the
 /// database's). Never their results: they may hold personal data.
@@ -351,6 +366,8 @@ pub struct InboxSql {
     pub records: String,
     /// [`ACTIVITY`].
     pub activity: String,
+    /// [`ACTIVITY_SERIES`].
+    pub activity_series: String,
     /// [`RECORD`].
     pub record: String,
     /// [`RELEASE`].
@@ -414,6 +431,7 @@ impl InboxSql {
             groups: spell(GROUPS),
             records: spell(RECORDS),
             activity: spell(ACTIVITY),
+            activity_series: spell(ACTIVITY_SERIES).replace("{div}", dialect.integer_division()),
             record: RECORD.to_owned(),
             release: spell(RELEASE),
             revive: spell(REVIVE),
@@ -462,6 +480,15 @@ impl Dialect {
             Dialect::MySql => {
                 "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
             }
+        }
+    }
+
+    /// Integer division of two integers, truncated (`/`; MySQL's `/` gives a decimal, so
+    /// `DIV`).
+    pub fn integer_division(self) -> &'static str {
+        match self {
+            Dialect::Postgres | Dialect::Sqlite => "/",
+            Dialect::MySql => "DIV",
         }
     }
 
@@ -602,6 +629,12 @@ mod tests {
         assert!(!my.inbox_insert(true).0.contains("ON CONFLICT"));
         assert!(!my.inbox_insert(true).1);
         assert!(my.refuses_taken_keys() && !Dialect::Postgres.refuses_taken_keys());
+        // MySQL's `/` would give a decimal bucket.
+        assert!(my.inbox().activity_series.contains(")) DIV $3 AS bucket"));
+        for dialect in [Dialect::Postgres, Dialect::Sqlite] {
+            let series = &dialect.inbox().activity_series;
+            assert!(series.contains(")) / $3 AS bucket") && !series.contains('{'));
+        }
         // whole seconds, rounded up
         let set = my.set_lock_timeout(1500).unwrap();
         assert!(

@@ -39,7 +39,8 @@ th{background:#eef0f4;font-weight:600}td.n{text-align:right;font-variant-numeric
 .bad{color:#b3261e}.ok{color:#1e7e34}form{display:inline;margin:0}\
 button{font:inherit;padding:2px 10px;border:1px solid #8a94a6;border-radius:4px;background:#fff;cursor:pointer}\
 button.danger{border-color:#b3261e;color:#b3261e}.tiles{display:flex;gap:12px;flex-wrap:wrap}\
-.tile{background:#fff;border:1px solid #e3e6ec;padding:10px 16px;min-width:120px}.tile b{display:block;font-size:22px}";
+.tile{background:#fff;border:1px solid #e3e6ec;padding:10px 16px;min-width:120px}.tile b{display:block;font-size:22px}\
+.chart{display:block}.legend svg{vertical-align:-1px;margin-left:8px}";
 
 /// A whole page: the navigation, `title`, then `body`.
 pub(crate) fn page(frame: &Frame<'_>, here: &str, title: &str, body: &str) -> String {

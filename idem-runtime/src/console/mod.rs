@@ -1,5 +1,8 @@
 //! A web console for the people on call (feature `console`): an axum [`Router`] you mount in
-//! your own service, with a page per concern — the outbox (its backlog, its dead messages
+//! your own service, with a page per concern — an overview (the backlog, stuck and parked
+//! records, and each consumer group's last hour: its signals and a chart of five-minute
+//! bars, drawn as inline SVG from [`inbox::activity_series`](crate::inbox::activity_series)),
+//! the outbox (its backlog, its dead messages
 //! grouped by error, requeue or discard with one click), the inbox (each consumer group's
 //! records, the stuck, failed and parked ones, release or revive with one click; the HTTP
 //! layer's keys are the records of its group) and idem's tables (their migrations, their
@@ -36,6 +39,7 @@
 //! ```
 
 mod actions;
+mod chart;
 mod guard;
 mod html;
 mod pages;

@@ -2,6 +2,7 @@
 //! through idem's public functions, and none shows a payload or a result.
 
 use super::Shared;
+use super::chart;
 use super::guard::{Actor, note_is_signed, token};
 use super::html::{self, Frame, ago, button, escape, table};
 use crate::backend::Backend;
@@ -95,18 +96,19 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
             true => Some(outbox::backlog(pool).await?),
             false => None,
         };
-        let (groups, activity) = match tables.has("idem_inbox") {
+        let (groups, activity, series) = match tables.has("idem_inbox") {
             true => (
                 inbox::groups(pool).await?,
-                inbox::activity(pool, std::time::Duration::from_secs(3600)).await?,
+                inbox::activity(pool, HOUR).await?,
+                inbox::activity_series(pool, HOUR / BUCKETS, BUCKETS).await?,
             ),
-            false => (Vec::new(), Vec::new()),
+            false => (Vec::new(), Vec::new(), Vec::new()),
         };
-        Ok::<_, sqlx::Error>((backlog, groups, tables, activity))
+        Ok::<_, sqlx::Error>((backlog, groups, tables, activity, series))
     }
     .await;
     render(looked, "/", "Overview", |frame| {
-        let (backlog, groups, tables, activity) = read?;
+        let (backlog, groups, tables, activity, series) = read?;
         let (stuck, dead) = groups
             .iter()
             .fold((0, 0), |(s, d), g| (s + g.stuck, d + g.dead));
@@ -124,10 +126,12 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
         out.push_str("</div><h2>Inbox groups</h2>");
         out.push_str(&groups_table(&groups));
         out.push_str("<h2>The last hour, from the tables</h2>");
-        out.push_str(&activity_table(&activity));
+        out.push_str(&activity_table(&activity, &series));
         out.push_str(
-            "<p>Duplicates answered, keys reused with another body, conflicts and the fast \
-             path's hits leave no row: the metrics count them.</p>",
+            "<p>Each bar is five minutes, the newest on the right; a record shows in the bar \
+             of its last touch, with its status now (the table keeps no history). Duplicates \
+             answered, keys reused with another body, conflicts and the fast path's hits \
+             leave no row: the metrics count them.</p>",
         );
         let _ = frame;
         Ok::<_, sqlx::Error>(out)
@@ -168,15 +172,24 @@ fn groups_table(groups: &[inbox::GroupRecords]) -> String {
     )
 }
 
-fn activity_table(activity: &[inbox::GroupActivity]) -> String {
+/// The window of the overview's signals and charts, and the charts' bars in it.
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+const BUCKETS: u32 = 12;
+
+fn activity_table(activity: &[inbox::GroupActivity], series: &[inbox::GroupSeries]) -> String {
     if activity.is_empty() {
         return "<p>No inbox record was touched in the last hour.</p>".to_owned();
     }
     let rows: Vec<Vec<String>> = activity
         .iter()
         .map(|a| {
+            let bars = series
+                .iter()
+                .find(|s| s.group == a.group)
+                .map_or_else(String::new, chart::bars);
             vec![
                 escape(&a.group),
+                bars,
                 a.first_delivered.to_string(),
                 a.succeeded.to_string(),
                 a.retried.to_string(),
@@ -191,6 +204,7 @@ fn activity_table(activity: &[inbox::GroupActivity]) -> String {
         "activity",
         &[
             "group",
+            "by 5 minutes",
             "delivered",
             "done",
             "retried",
@@ -198,9 +212,9 @@ fn activity_table(activity: &[inbox::GroupActivity]) -> String {
             "failed",
             "parked",
         ],
-        &[1, 2, 3, 4, 5, 6],
+        &[2, 3, 4, 5, 6, 7],
         &rows,
-    )
+    ) + &chart::legend()
 }
 
 /// `/outbox`: the backlog, the dead messages by error and one by one, with their actions.

@@ -166,6 +166,91 @@ pub async fn activity<DB: Backend>(
         .collect())
 }
 
+/// How many of a group's records were last touched within one bucket of time, by their
+/// status now ([`activity_series`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActivityBucket {
+    /// PROCESSING: held by a delivery, or stuck.
+    pub processing: u64,
+    /// Done (SUCCESS).
+    pub succeeded: u64,
+    /// Failed, waiting for their next delivery.
+    pub failed: u64,
+    /// Parked (DEAD) after their last attempt.
+    pub dead: u64,
+}
+
+impl ActivityBucket {
+    /// Every record the bucket counts.
+    pub fn total(&self) -> u64 {
+        self.processing + self.succeeded + self.failed + self.dead
+    }
+}
+
+/// One consumer group's records over a recent window, bucket by bucket
+/// ([`activity_series`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSeries {
+    /// The consumer group.
+    pub group: String,
+    /// The length of each bucket.
+    pub bucket: Duration,
+    /// The buckets, the oldest first; the last one ends now, by the database's clock.
+    pub buckets: Vec<ActivityBucket>,
+}
+
+/// The most buckets [`activity_series`] returns per group.
+pub const MAX_BUCKETS: u32 = 10_000;
+
+/// Each consumer group's records last touched in the `buckets` × `bucket` before now (by
+/// the database's clock), counted by status per bucket, the oldest bucket first: what the
+/// console's charts draw. Groups with no record in the window are left out; every group
+/// returned has all its buckets, empty ones as zeros.
+///
+/// One range read of the index on `updated_at`, like [`activity`]. The table keeps each
+/// record's latest state only, so a record shows once, in the bucket of its last touch,
+/// with the status it has now; the metrics keep the real history. `bucket` is taken in
+/// whole milliseconds (at least 1) and `buckets` between 1 and [`MAX_BUCKETS`].
+pub async fn activity_series<DB: Backend>(
+    pool: &Pool<DB>,
+    bucket: Duration,
+    buckets: u32,
+) -> Result<Vec<GroupSeries>, sqlx::Error> {
+    let width = super::millis(bucket).max(1);
+    let buckets = buckets.clamp(1, MAX_BUCKETS);
+    let window = width.saturating_mul(i64::from(buckets));
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = &DB::dialect(conn)?.inbox().activity_series;
+    let params = [Param::Null, Param::Int(window), Param::Int(width)];
+    let rows = DB::fetch_all(conn, sql, &params).await?;
+    opened.end(true).await?;
+    let count = |row: &Record, column: &str| row.int(column).map_or(0, |n| n.max(0) as u64);
+    let mut series: Vec<GroupSeries> = Vec::new();
+    for mut row in rows {
+        let group = row.take_text("consumer_group").unwrap_or_default();
+        if series.last().is_none_or(|last| last.group != group) {
+            series.push(GroupSeries {
+                group,
+                bucket: Duration::from_millis(width as u64),
+                buckets: vec![ActivityBucket::default(); buckets as usize],
+            });
+        }
+        let last = series.last_mut().expect("pushed above");
+        // A record touched exactly now is the bucket after the last: it belongs to the last.
+        let at = row
+            .int("bucket")
+            .unwrap_or(0)
+            .clamp(0, i64::from(buckets) - 1) as usize;
+        let into = &mut last.buckets[at];
+        into.processing += count(&row, "processing");
+        into.succeeded += count(&row, "succeeded");
+        into.failed += count(&row, "failed");
+        into.dead += count(&row, "dead");
+    }
+    Ok(series)
+}
+
 /// The records of `status` in `group` (`None`: every group), least recently touched first,
 /// at most `limit`, without their results. Reads the table without an index on the status:
 /// name the group where you can (its records are together in the key).

@@ -35,7 +35,8 @@ mod stage;
 
 pub use crate::schema::{MYSQL_MIGRATION, POSTGRES_MIGRATION, SQLITE_MIGRATION, migrate};
 pub use admin::{
-    GroupActivity, GroupRecords, InboxRecord, RecordStatus, activity, groups, records,
+    ActivityBucket, GroupActivity, GroupRecords, GroupSeries, InboxRecord, MAX_BUCKETS,
+    RecordStatus, activity, activity_series, groups, records,
 };
 pub use batch::{BatchFuture, Incoming, Settled, settles_with_ack};
 pub use clock::{Clock, ManualClock, SystemClock};
