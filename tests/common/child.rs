@@ -97,6 +97,9 @@ pub struct ChildProcess {
     lines: mpsc::UnboundedReceiver<String>,
 }
 
+/// How long [`ChildProcess::step`] waits for the child's next step.
+const STEP_WAIT: Duration = Duration::from_secs(180);
+
 impl ChildProcess {
     /// Runs the ignored test `test` of this binary, alone, with `env` set (and each
     /// variable of `unset` removed, so the parent's own settings do not leak in).
@@ -130,11 +133,14 @@ impl ChildProcess {
         ChildProcess { child, lines }
     }
 
-    /// The next step the child prints; it must start with `prefix`.
+    /// The next step the child prints; it must start with `prefix`. The wait is only a
+    /// bound for a child that hangs, so it is generous: a step comes as soon as the child
+    /// gets there, but a child sharing two cores with other tests' processes (several SQLite
+    /// writers on one machine take turns on the file lock) may need far longer than alone.
     pub async fn step(&mut self, prefix: &str) -> String {
-        let step = tokio::time::timeout(Duration::from_secs(30), self.lines.recv())
+        let step = tokio::time::timeout(STEP_WAIT, self.lines.recv())
             .await
-            .unwrap_or_else(|_| panic!("the child printed no `{prefix}` within 30 s"))
+            .unwrap_or_else(|_| panic!("the child printed no `{prefix}` within {STEP_WAIT:?}"))
             .unwrap_or_else(|| panic!("the child exited before `{prefix}`"));
         assert!(
             step.starts_with(prefix),
