@@ -401,6 +401,15 @@ where
         one.iter()
             .all(|s| s.buckets.len() == 1 && s.bucket == Duration::from_millis(1))
     );
+    let widest = idem::inbox::activity_series(&pool, Duration::MAX, u32::MAX)
+        .await
+        .unwrap();
+    assert_eq!(widest[0].buckets.len(), idem::inbox::MAX_BUCKETS as usize);
+    assert_eq!(
+        widest[0].buckets.last().unwrap().total(),
+        5,
+        "all of billing's but `later`, in the bucket ending now"
+    );
 }
 
 #[tokio::test]

@@ -210,15 +210,19 @@ pub const MAX_BUCKETS: u32 = 10_000;
 /// One range read of the index on `updated_at`, like [`activity`]. The table keeps each
 /// record's latest state only, so a record shows once, in the bucket of its last touch,
 /// with the status it has now; the metrics keep the real history. `bucket` is taken in
-/// whole milliseconds (at least 1) and `buckets` between 1 and [`MAX_BUCKETS`].
+/// whole milliseconds, at least 1 and at most about 14,000 years (so that no arithmetic
+/// in the statement overflows), and `buckets` between 1 and [`MAX_BUCKETS`].
 pub async fn activity_series<DB: Backend>(
     pool: &Pool<DB>,
     bucket: Duration,
     buckets: u32,
 ) -> Result<Vec<GroupSeries>, sqlx::Error> {
-    let width = super::millis(bucket).max(1);
+    // The window at most half of i64's range: the statement subtracts it from now and
+    // then subtracts that from each record's time.
+    const WIDEST: i64 = i64::MAX / (2 * MAX_BUCKETS as i64);
+    let width = super::millis(bucket).clamp(1, WIDEST);
     let buckets = buckets.clamp(1, MAX_BUCKETS);
-    let window = width.saturating_mul(i64::from(buckets));
+    let window = width * i64::from(buckets);
     let mut opened = Opened::read(pool).await?;
     let conn = opened.connection();
     let sql = &DB::dialect(conn)?.inbox().activity_series;
