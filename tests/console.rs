@@ -244,6 +244,14 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
     );
     let outbox_page = get(addr, "/ops/idem/outbox", alice).await;
     assert!(outbox_page.body.contains("broker refused"));
+    // Per destination: `orders` has three pending, the three dead, none held.
+    assert!(
+        outbox_page.body.contains(
+            "<tr><td>orders</td><td class=\"n\">3</td><td class=\"n\">3</td><td class=\"n\">0</td>"
+        ),
+        "{}",
+        outbox_page.body
+    );
     // Markup in an id or an error is shown as text, never run.
     assert!(
         !outbox_page.body.contains("<script>alert"),

@@ -583,6 +583,52 @@ macro_rules! outbox_tests {
                 assert_eq!(recorder.per_key()["x"], ["x0"]);
             }
 
+            /// The backlog told per destination: which one a dead message blocks, and
+            /// where the oldest waits; the parts add up to the whole.
+            #[tokio::test]
+            async fn the_backlog_is_told_per_destination() {
+                let Some(pool) = setup(0).await else { return };
+                let stage = async |messages: &[(&str, &str, &str)]| {
+                    let mut tx = $begin(&pool).await;
+                    for (destination, key, id) in messages {
+                        let message = Message::bytes(*destination, *id).ordering_key(*key).id(*id);
+                        outbox::stage(&mut tx, message).await.unwrap();
+                    }
+                    tx.commit().await.unwrap();
+                };
+                stage(&[("orders", "p", "p0"), ("orders", "p", "p1"), ("orders", "q", "q0"), ("mail", "m", "m0")]).await;
+                assert!(
+                    outbox::backlog_by_destination(&pool).await.unwrap().iter().all(|d| d.backlog.pending > 0),
+                );
+                let recorder = Recorder::default();
+                recorder.fail("p", true);
+                let relay = Relay::new(pool.clone(), recorder.clone())
+                    .max_attempts(1)
+                    .backoff(Duration::ZERO, Duration::ZERO);
+                // `p0` dies and holds `p1`; `q0` and `m0` are published; then `n0` waits.
+                while relay.run_once().await.unwrap().claimed > 0 {}
+                stage(&[("mail", "n", "n0")]).await;
+                let by = outbox::backlog_by_destination(&pool).await.unwrap();
+                let counts: Vec<(&str, u64, u64, u64)> = by
+                    .iter()
+                    .map(|d| (d.destination.as_str(), d.backlog.pending, d.backlog.dead, d.backlog.held))
+                    .collect();
+                assert_eq!(counts, [("mail", 1, 0, 0), ("orders", 2, 1, 1)]);
+                assert!(by.iter().all(|d| d.backlog.oldest.is_some()));
+                let whole = outbox::backlog(&pool).await.unwrap();
+                assert_eq!(
+                    (whole.pending, whole.dead, whole.held),
+                    (3, 1, 1),
+                );
+                // Read after the parts, by the database's clock: no younger than the oldest part.
+                assert!(whole.oldest >= by.iter().filter_map(|d| d.backlog.oldest).max());
+                // Published, a destination leaves the list.
+                recorder.fail("p", false);
+                assert!(outbox::requeue(&pool, "p0").await.unwrap());
+                assert_eq!(drain(&relay).await, 3);
+                assert!(outbox::backlog_by_destination(&pool).await.unwrap().is_empty());
+            }
+
             #[tokio::test]
             async fn a_creation_stages_with_its_row_and_a_duplicate_or_an_error_stages_nothing() {
                 let Some(pool) = setup(0).await else { return };

@@ -5,7 +5,7 @@
 use crate::database::{Database, with_pool};
 use crate::report::{self, Confirm, Failure};
 use clap::{Args, Subcommand};
-use idem::outbox::{DeadGroup, DeadMessage};
+use idem::outbox::{Backlog, DeadGroup, DeadMessage};
 
 /// The most dead messages a command reads.
 const MAX_DEAD: u32 = 100_000;
@@ -14,7 +14,11 @@ const MAX_DEAD: u32 = 100_000;
 pub(crate) enum Command {
     /// How many messages wait, how many are dead or held behind a dead one, and the age of
     /// the oldest.
-    Backlog,
+    Backlog {
+        /// One line per destination with unpublished messages.
+        #[arg(long)]
+        by_destination: bool,
+    },
     /// The dead messages, grouped by their last error (`--all-messages` lists each one).
     Dead {
         /// List every dead message instead of the groups, in the order they were staged.
@@ -65,7 +69,7 @@ pub(crate) async fn run(
     json: bool,
 ) -> Result<(), Failure> {
     match command {
-        Command::Backlog => backlog(database, json).await,
+        Command::Backlog { by_destination } => backlog(database, *by_destination, json).await,
         Command::Dead { all_messages } => dead(database, *all_messages, json).await,
         Command::Requeue(targets) => act(database, targets, Action::Requeue, actor, json).await,
         Command::Discard(targets) => act(database, targets, Action::Discard, actor, json).await,
@@ -109,26 +113,51 @@ async fn purge(
     Ok(())
 }
 
-async fn backlog(database: &Database, json: bool) -> Result<(), Failure> {
-    let backlog = with_pool!(database, pool => idem::outbox::backlog(pool).await)
-        .map_err(Failure::database)?;
+/// A backlog's cells and its JSON fields.
+fn backlog_row(backlog: &Backlog) -> (Vec<String>, serde_json::Value) {
     let oldest = backlog.oldest.map(|age| age.as_secs_f64());
-    let rows = vec![vec![
+    let cells = vec![
         backlog.pending.to_string(),
         backlog.dead.to_string(),
         backlog.held.to_string(),
         oldest.map_or("-".to_owned(), |s| format!("{s:.1}")),
-    ]];
-    report::done(
-        json,
-        &report::table(&["pending", "dead", "held", "oldest (s)"], &rows),
-        serde_json::json!({
-            "pending": backlog.pending,
-            "dead": backlog.dead,
-            "held": backlog.held,
-            "oldest_seconds": oldest,
-        }),
-    );
+    ];
+    let value = serde_json::json!({
+        "pending": backlog.pending,
+        "dead": backlog.dead,
+        "held": backlog.held,
+        "oldest_seconds": oldest,
+    });
+    (cells, value)
+}
+
+async fn backlog(database: &Database, by_destination: bool, json: bool) -> Result<(), Failure> {
+    const HEADER: [&str; 4] = ["pending", "dead", "held", "oldest (s)"];
+    if by_destination {
+        let destinations =
+            with_pool!(database, pool => idem::outbox::backlog_by_destination(pool).await)
+                .map_err(Failure::database)?;
+        let (mut rows, mut values) = (Vec::new(), Vec::new());
+        for d in &destinations {
+            let (mut cells, mut value) = backlog_row(&d.backlog);
+            cells.insert(0, d.destination.clone());
+            value["destination"] = serde_json::json!(d.destination);
+            rows.push(cells);
+            values.push(value);
+        }
+        let text = if rows.is_empty() {
+            "nothing waits".to_owned()
+        } else {
+            let header: Vec<&str> = std::iter::once("destination").chain(HEADER).collect();
+            report::table(&header, &rows)
+        };
+        report::done(json, &text, serde_json::json!({"destinations": values}));
+        return Ok(());
+    }
+    let backlog = with_pool!(database, pool => idem::outbox::backlog(pool).await)
+        .map_err(Failure::database)?;
+    let (cells, value) = backlog_row(&backlog);
+    report::done(json, &report::table(&HEADER, &[cells]), value);
     Ok(())
 }
 

@@ -115,6 +115,20 @@ async fn operate<DB: idem::Backend>(url: &str, pool: sqlx::Pool<DB>) {
         (backlog["pending"].as_u64(), backlog["dead"].as_u64()),
         (Some(4), Some(3))
     );
+    assert_eq!(
+        json(url, &["outbox", "backlog", "--by-destination"], 0)["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (
+                d["destination"].as_str().unwrap(),
+                d["pending"].as_u64().unwrap(),
+                d["dead"].as_u64().unwrap(),
+                d["held"].as_u64().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        [("orders", 4, 3, 1)]
+    );
     let dead = json(url, &["outbox", "dead"], 0);
     assert_eq!(
         dead["groups"],

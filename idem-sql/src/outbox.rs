@@ -283,6 +283,14 @@ pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, \
     {now} - MIN(created_at) AS oldest_age \
     FROM idem_outbox WHERE published_at IS NULL";
 
+/// [`BACKLOG`] per destination, in the destinations' order.
+pub const BACKLOG_BY_DESTINATION: &str = "SELECT destination, COUNT(*) AS pending, \
+    COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
+    COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
+    {now} - MIN(created_at) AS oldest_age \
+    FROM idem_outbox WHERE published_at IS NULL \
+    GROUP BY destination ORDER BY destination";
+
 /// One bounded batch of retention (PostgreSQL): messages published more than `$1`
 /// milliseconds ago, at most `$2`, passing over rows another transaction holds.
 pub const PURGE_POSTGRES: &str = "DELETE FROM idem_outbox WHERE seq IN (\
@@ -355,6 +363,8 @@ pub struct OutboxSql {
     pub dead: String,
     /// [`BACKLOG`].
     pub backlog: String,
+    /// [`BACKLOG_BY_DESTINATION`].
+    pub backlog_by_destination: String,
     /// [`NEXT_DUE`].
     pub next_due: String,
     /// [`PURGE_POSTGRES`], [`PURGE_SQLITE`] or [`PURGE_MYSQL`].
@@ -446,6 +456,7 @@ impl OutboxSql {
             cancel: spell(CANCEL),
             dead: DEAD.to_owned(),
             backlog: spell(BACKLOG),
+            backlog_by_destination: spell(BACKLOG_BY_DESTINATION),
             next_due: spell(NEXT_DUE),
             purgeable: spell(PURGEABLE),
             purge: spell(match dialect {

@@ -2,7 +2,7 @@
 //! your own service, with a page per concern — an overview (the backlog, stuck and parked
 //! records, and each consumer group's last hour: its signals and a chart of five-minute
 //! bars, drawn as inline SVG from [`inbox::activity_series`](crate::inbox::activity_series)),
-//! the outbox (its backlog, its dead messages
+//! the outbox (its backlog in all and per destination, its dead messages
 //! grouped by error, requeue or discard with one click), the inbox (each consumer group's
 //! records, the stuck, failed and parked ones, release or revive with one click; the HTTP
 //! layer's keys are the records of its group) and idem's tables (their migrations, their

@@ -217,7 +217,38 @@ fn activity_table(activity: &[inbox::GroupActivity], series: &[inbox::GroupSerie
     ) + &chart::legend()
 }
 
-/// `/outbox`: the backlog, the dead messages by error and one by one, with their actions.
+/// The backlog of each destination with unpublished messages.
+fn destinations_table(destinations: &[outbox::DestinationBacklog]) -> String {
+    if destinations.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = destinations
+        .iter()
+        .map(|d| {
+            let b = &d.backlog;
+            vec![
+                escape(&d.destination),
+                b.pending.to_string(),
+                b.dead.to_string(),
+                b.held.to_string(),
+                b.oldest
+                    .map_or("-".to_owned(), |age| html::span(age.as_millis() as i64)),
+            ]
+        })
+        .collect();
+    format!(
+        "<h2>By destination</h2>{}",
+        table(
+            "destinations",
+            &["destination", "pending", "dead", "held", "oldest pending"],
+            &[1, 2, 3, 4],
+            &rows,
+        )
+    )
+}
+
+/// `/outbox`: the backlog (in all, per destination), the dead messages by error and one by
+/// one, with their actions.
 pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
     let pool = &looked.0.pool;
     let limit = looked.0.limit;
@@ -230,17 +261,19 @@ pub(crate) async fn outbox<DB: Backend>(looked: Looked<DB>) -> Response {
         }
         Ok::<_, sqlx::Error>(Some((
             outbox::backlog(pool).await?,
+            outbox::backlog_by_destination(pool).await?,
             outbox::dead(pool, 100_000).await?,
         )))
     }
     .await;
     render(looked, "/outbox", "Outbox", |frame| {
-        let Some((backlog, dead)) = read? else {
+        let Some((backlog, destinations, dead)) = read? else {
             return Ok("<p>This database has no outbox (<code>idem_outbox</code>).</p>".to_owned());
         };
         let mut out = String::from("<div class=\"tiles\">");
         out.push_str(&backlog_tiles(&backlog, ""));
         out.push_str("</div>");
+        out.push_str(&destinations_table(&destinations));
         if dead.is_empty() {
             out.push_str("<h2>Dead messages</h2><p>No dead messages.</p>");
             return Ok::<_, sqlx::Error>(out);

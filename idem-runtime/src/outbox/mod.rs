@@ -166,14 +166,49 @@ pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, sqlx::Erro
         .await?
         .unwrap_or_default();
     opened.end(true).await?;
-    Ok(Backlog {
-        pending: row.int("pending").map_or(0, |n| n.max(0) as u64),
-        dead: row.int("dead").map_or(0, |n| n.max(0) as u64),
-        held: row.int("held").map_or(0, |n| n.max(0) as u64),
-        oldest: row
-            .int("oldest_age")
-            .map(|ms| Duration::from_millis(ms.max(0) as u64)),
-    })
+    Ok(Backlog::of(&row))
+}
+
+impl Backlog {
+    fn of(row: &Record) -> Backlog {
+        Backlog {
+            pending: row.int("pending").map_or(0, |n| n.max(0) as u64),
+            dead: row.int("dead").map_or(0, |n| n.max(0) as u64),
+            held: row.int("held").map_or(0, |n| n.max(0) as u64),
+            oldest: row
+                .int("oldest_age")
+                .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        }
+    }
+}
+
+/// One destination's part of the outbox's [`Backlog`] ([`backlog_by_destination`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationBacklog {
+    /// The destination (a subject, an exchange, a topic), as [`Message`]s name it.
+    pub destination: String,
+    /// Its unpublished messages: pending, dead, held, the oldest's age.
+    pub backlog: Backlog,
+}
+
+/// The outbox's [`backlog`] per destination, the destinations in order; one with nothing
+/// unpublished is left out. One read of the unpublished messages: which destination a
+/// dead message blocks, and where the oldest waits.
+pub async fn backlog_by_destination<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Vec<DestinationBacklog>, sqlx::Error> {
+    let mut opened = Opened::read(pool).await?;
+    let conn = opened.connection();
+    let sql = DB::dialect(conn)?.outbox();
+    let rows = DB::fetch_all(conn, &sql.backlog_by_destination, &[]).await?;
+    opened.end(true).await?;
+    Ok(rows
+        .into_iter()
+        .map(|mut row| DestinationBacklog {
+            backlog: Backlog::of(&row),
+            destination: row.take_text("destination").unwrap_or_default(),
+        })
+        .collect())
 }
 
 /// How long until the next live message comes due (a delayed message, or a failed one's
