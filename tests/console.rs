@@ -129,6 +129,20 @@ async fn setup(name: &str) -> SqlitePool {
     pool
 }
 
+/// The HTTP layer's inbox as this instance saw it: a request repeated (a duplicate
+/// answered) and its key reused with another body (a conflict), neither leaving a row.
+async fn answered(pool: &SqlitePool) -> Inbox {
+    let api = Inbox::new("orders-api").unwrap();
+    let key = MessageKey::new("key-7f3a").unwrap();
+    for body in [&b"{}"[..], b"{\"total\":2}"] {
+        match api.claim::<_, String>(pool, &key, body).await.unwrap() {
+            Claimed::Done(_) => {}
+            Claimed::Work(_) => panic!("key-7f3a is done"),
+        }
+    }
+    api
+}
+
 /// Serves `console` nested at `/ops/idem`, with a page of the user's own at `/`.
 async fn mount(console: Console<sqlx::Sqlite>) -> SocketAddr {
     let app = axum::Router::new()
@@ -167,7 +181,8 @@ async fn dead_ids(pool: &SqlitePool) -> Vec<String> {
 #[tokio::test]
 async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_actions() {
     let pool = setup("console_guard").await;
-    let addr = mount(Console::new(pool.clone(), authorize)).await;
+    let api = answered(&pool).await;
+    let addr = mount(Console::new(pool.clone(), authorize).watch(&api)).await;
     let alice = "session=alice-secret";
 
     // Nobody without the user's authorization: 401, before anything is read.
@@ -199,6 +214,16 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
         overview.body
     );
     assert!(overview.body.contains("billing"));
+    // What the watched inbox answered in this instance: one duplicate, one key reused
+    // with another body (flagged).
+    assert!(
+        overview.body.contains(
+            "<tr><td>orders-api</td><td class=\"n\">0</td><td class=\"n\">1</td>\
+             <td class=\"n\">50%</td><td class=\"n\"><span class=\"bad\">1</span></td>"
+        ),
+        "{}",
+        overview.body
+    );
     // The last hour's charts: a bar per five minutes, each record in the bar of its last
     // touch; the HTTP keys' hour spread over the bars.
     assert_eq!(overview.body.matches("<svg class=\"chart\"").count(), 3);
@@ -209,7 +234,7 @@ async fn the_console_serves_only_whom_the_user_authorizes_and_refuses_forged_act
         "{}",
         overview.body
     );
-    let api = &overview.body[overview.body.rfind("<td>orders-api</td>").unwrap()..];
+    let api = &overview.body[overview.body.find("<td>orders-api</td><td><svg").unwrap()..];
     let api = &api[..api.find("</svg>").unwrap()];
     let done: u64 = api
         .split("<title>")
@@ -536,7 +561,8 @@ async fn in_a_browser_a_click_requeues_and_a_forged_form_does_not() {
         return;
     };
     let pool = setup("console_browser").await;
-    let addr = mount(Console::new(pool.clone(), authorize)).await;
+    let api = answered(&pool).await;
+    let addr = mount(Console::new(pool.clone(), authorize).watch(&api)).await;
     // A page on another site (another port is another origin) with a form that posts to
     // the console, as an attacker's would.
     let target = format!("http://localhost:{}/ops/idem/outbox", addr.port());

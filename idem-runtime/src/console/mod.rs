@@ -45,6 +45,7 @@ mod html;
 mod pages;
 
 use crate::backend::Backend;
+use crate::inbox::Inbox;
 use axum::Router;
 use axum::routing::get;
 use sqlx::Pool;
@@ -60,6 +61,7 @@ pub struct Console<DB: Backend> {
     read_only: bool,
     secret: Arc<[u8]>,
     limit: u32,
+    watched: Vec<Inbox>,
 }
 
 impl<DB: Backend> std::fmt::Debug for Console<DB> {
@@ -67,6 +69,10 @@ impl<DB: Backend> std::fmt::Debug for Console<DB> {
         f.debug_struct("Console")
             .field("read_only", &self.read_only)
             .field("limit", &self.limit)
+            .field(
+                "watched",
+                &self.watched.iter().map(Inbox::group).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +93,7 @@ impl<DB: Backend> Console<DB> {
             read_only: false,
             secret: Arc::new(secret),
             limit: 100,
+            watched: Vec::new(),
         }
     }
 
@@ -114,6 +121,18 @@ impl<DB: Backend> Console<DB> {
         self
     }
 
+    /// Shows this instance's counters of `inbox` (shared by its clones) on the overview:
+    /// the signals the tables do not hold — duplicates answered and their share of the
+    /// deliveries, keys that came back with another body, deliveries turned away while
+    /// another held their key, leases taken over, transitions refused and how many of those
+    /// were illegal. Watch the inbox your HTTP layer or consumer was built with (pass a
+    /// clone of it); call once per inbox. The counts are this process's since it started;
+    /// the metrics add up every instance.
+    pub fn watch(mut self, inbox: &Inbox) -> Console<DB> {
+        self.watched.push(inbox.clone());
+        self
+    }
+
     /// The console's routes, to [`nest`](Router::nest) under a path of yours: `/` (an
     /// overview), `/outbox`, `/inbox` and `/tables`, each refused without authorization.
     pub fn router<S>(self) -> Router<S>
@@ -125,6 +144,7 @@ impl<DB: Backend> Console<DB> {
             read_only: self.read_only,
             secret: self.secret,
             limit: self.limit,
+            watched: self.watched,
         });
         let authorize = self.authorize;
         Router::new()
@@ -148,4 +168,5 @@ pub(crate) struct Shared<DB: Backend> {
     read_only: bool,
     secret: Arc<[u8]>,
     limit: u32,
+    watched: Vec<Inbox>,
 }

@@ -107,6 +107,12 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
         Ok::<_, sqlx::Error>((backlog, groups, tables, activity, series))
     }
     .await;
+    let watched: Vec<(String, crate::inbox::InboxCounters)> = looked
+        .0
+        .watched
+        .iter()
+        .map(|inbox| (inbox.group().to_owned(), inbox.counters()))
+        .collect();
     render(looked, "/", "Overview", |frame| {
         let (backlog, groups, tables, activity, series) = read?;
         let (stuck, dead) = groups
@@ -131,8 +137,10 @@ pub(crate) async fn overview<DB: Backend>(looked: Looked<DB>) -> Response {
             "<p>Each bar is five minutes, the newest on the right; a record shows in the bar \
              of its last touch, with its status now (the table keeps no history). Duplicates \
              answered, keys reused with another body, conflicts and the fast path's hits \
-             leave no row: the metrics count them.</p>",
+             leave no row: the metrics count them, and so does each inbox the console \
+             watches (<code>Console::watch</code>), in this instance.</p>",
         );
+        out.push_str(&watched_table(&watched));
         let _ = frame;
         Ok::<_, sqlx::Error>(out)
     })
@@ -169,6 +177,63 @@ fn groups_table(groups: &[inbox::GroupRecords]) -> String {
         ],
         &[1, 2, 3, 4, 5],
         &rows,
+    )
+}
+
+/// The counters of the inboxes the console watches: what this instance answered without a
+/// row to show for it.
+fn watched_table(watched: &[(String, crate::inbox::InboxCounters)]) -> String {
+    if watched.is_empty() {
+        return String::new();
+    }
+    let flag = |n: u64| {
+        if n > 0 {
+            format!("<span class=\"bad\">{n}</span>")
+        } else {
+            n.to_string()
+        }
+    };
+    let rows: Vec<Vec<String>> = watched
+        .iter()
+        .map(|(group, c)| {
+            // As the alert `IdemDuplicateMessagesHigh` reads it: of the deliveries that
+            // found a record or made one.
+            let deliveries = c.applied + c.duplicates + c.conflicts;
+            let share = match deliveries {
+                0 => "-".to_owned(),
+                n => format!("{:.0}%", c.duplicates as f64 * 100.0 / n as f64),
+            };
+            vec![
+                escape(group),
+                c.applied.to_string(),
+                c.duplicates.to_string(),
+                share,
+                flag(c.conflicts),
+                c.in_progress.to_string(),
+                c.takeovers.to_string(),
+                c.refused.to_string(),
+                flag(c.illegal),
+            ]
+        })
+        .collect();
+    format!(
+        "<h2>This instance, since it started</h2>{}",
+        table(
+            "watched",
+            &[
+                "group",
+                "applied",
+                "duplicates answered",
+                "duplicate share",
+                "another body",
+                "turned away (in progress)",
+                "leases taken over",
+                "refused",
+                "illegal",
+            ],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &rows,
+        )
     )
 }
 
