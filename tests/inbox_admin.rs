@@ -302,15 +302,6 @@ async fn mysql_inbox_is_operated() {
     operated(pool).await;
 }
 
-/// Runs `sql` on `pool` as it is.
-async fn exec<DB: idem::Backend>(pool: &sqlx::Pool<DB>, sql: &str)
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-{
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::Executor::execute(&mut *conn, sql).await.unwrap();
-}
-
 /// The charts' series: each record in the bucket of its last touch, with its status now.
 async fn charted<DB: idem::Backend>(pool: sqlx::Pool<DB>)
 where
@@ -346,7 +337,7 @@ where
         ("later", 10.0),
     ] {
         let shift = (minutes * 60_000.0) as i64;
-        exec(
+        common::exec(
             &pool,
             &format!(
                 "UPDATE idem_inbox SET updated_at = updated_at + ({shift}) \

@@ -14,13 +14,7 @@ use sqlx::{Pool, Transaction};
 const PAYMENTS: &str =
     "CREATE TABLE payments (message_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)";
 
-async fn exec<DB: idem::Backend>(pool: &Pool<DB>, sql: &str)
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-{
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::Executor::execute(&mut *conn, sql).await.unwrap();
-}
+use common::exec;
 
 fn keys(found: &Found<KeyEffects>) -> Vec<(&str, u64)> {
     found

@@ -13,6 +13,16 @@ use sqlx::{PgPool, SqlitePool};
 use std::path::PathBuf;
 use std::str::FromStr;
 
+/// Runs `sql` on one of `pool`'s connections, as it is (no parameters): for a test that
+/// plants a state by hand.
+pub async fn exec<DB: idem::Backend>(pool: &sqlx::Pool<DB>, sql: &str)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::Executor::execute(&mut *conn, sql).await.unwrap();
+}
+
 /// The business tables every test uses: orders (the machine's table) and effects (what a
 /// handler's body writes, to count side effects).
 pub const TABLES: &str = "
