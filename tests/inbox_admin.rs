@@ -265,6 +265,7 @@ async fn operated<DB: idem::Backend>(pool: sqlx::Pool<DB>) {
 
     // A purge's dry run counts what the purge deletes.
     let zero = Duration::ZERO;
+    common::past_this_millisecond().await;
     let purgeable = billing.purgeable(&pool, zero).await.unwrap();
     assert_eq!(
         purgeable, 4,

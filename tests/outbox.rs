@@ -294,6 +294,7 @@ macro_rules! outbox_tests {
                         .unwrap(),
                     0
                 );
+                common::past_this_millisecond().await;
                 assert_eq!(outbox::purge(&pool, Duration::ZERO, 1).await.unwrap(), 2);
                 assert_eq!(staged(&pool).await, 0);
             }

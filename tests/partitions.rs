@@ -228,6 +228,7 @@ async fn every_form_works_on_a_partitioned_inbox() {
             .unwrap()
             .is_processed()
     );
+    common::past_this_millisecond().await;
     assert_eq!(inbox.purge(&pool, Duration::ZERO, 1).await.unwrap(), 3);
     assert!(partition_of(&pool, "kept", &dated(13, day)).await.is_some());
 }

@@ -13,6 +13,14 @@ use sqlx::{PgPool, SqlitePool};
 use std::path::PathBuf;
 use std::str::FromStr;
 
+/// Lets the database's clock leave the current millisecond. Retention keeps what was
+/// touched *before* now minus the retention (`updated_at < now - retention`), in whole
+/// milliseconds: with a retention of zero, a row written in the same millisecond as the
+/// purge is still kept, so a test that purges right after writing steps past it first.
+pub async fn past_this_millisecond() {
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+}
+
 /// Runs `sql` on one of `pool`'s connections, as it is (no parameters): for a test that
 /// plants a state by hand.
 pub async fn exec<DB: idem::Backend>(pool: &sqlx::Pool<DB>, sql: &str)
