@@ -173,11 +173,6 @@ async fn read_groups(database: &Database) -> Result<Vec<DeadGroup>, Failure> {
         .map_err(Failure::database)
 }
 
-/// The error a message's group is named by, as [`DeadGroup::error`] spells it.
-fn group_of(message: &DeadMessage) -> &str {
-    message.last_error.as_deref().unwrap_or_default()
-}
-
 fn message_json(message: &DeadMessage) -> serde_json::Value {
     serde_json::json!({
         "id": message.id,
@@ -295,7 +290,7 @@ async fn act(
     }
     let dead = read_dead(database).await?;
     let of = |keep: &dyn Fn(&str) -> bool| -> Vec<&DeadMessage> {
-        dead.iter().filter(|m| keep(group_of(m))).collect()
+        dead.iter().filter(|m| keep(m.group())).collect()
     };
     let chosen: Vec<&DeadMessage> = if targets.all {
         of(&|_| true)

@@ -274,22 +274,28 @@ pub const NEXT_DUE: &str = "SELECT MIN(o.next_attempt_at) - {now} AS wait \
     FROM idem_outbox o {indexed_due} \
     WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at > {now} - $1";
 
+/// What [`BACKLOG`] and [`BACKLOG_BY_DESTINATION`] count of the unpublished messages.
+macro_rules! backlog_counts {
+    () => {
+        "COUNT(*) AS pending, \
+         COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
+         COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
+         {now} - MIN(created_at) AS oldest_age \
+         FROM idem_outbox WHERE published_at IS NULL"
+    };
+}
+
 /// How many messages are unpublished (dead and held ones included), how many of them are
 /// dead, how many are held behind a dead one, and the age in milliseconds of the oldest
 /// unpublished one (NULL for none).
-pub const BACKLOG: &str = "SELECT COUNT(*) AS pending, \
-    COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
-    COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
-    {now} - MIN(created_at) AS oldest_age \
-    FROM idem_outbox WHERE published_at IS NULL";
+pub const BACKLOG: &str = concat!("SELECT ", backlog_counts!());
 
 /// [`BACKLOG`] per destination, in the destinations' order.
-pub const BACKLOG_BY_DESTINATION: &str = "SELECT destination, COUNT(*) AS pending, \
-    COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
-    COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, \
-    {now} - MIN(created_at) AS oldest_age \
-    FROM idem_outbox WHERE published_at IS NULL \
-    GROUP BY destination ORDER BY destination";
+pub const BACKLOG_BY_DESTINATION: &str = concat!(
+    "SELECT destination, ",
+    backlog_counts!(),
+    " GROUP BY destination ORDER BY destination"
+);
 
 /// One bounded batch of retention (PostgreSQL): messages published more than `$1`
 /// milliseconds ago, at most `$2`, passing over rows another transaction holds.
@@ -515,6 +521,21 @@ impl Dialect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backlog_per_destination_counts_what_the_backlog_counts() {
+        assert_eq!(
+            BACKLOG,
+            "SELECT COUNT(*) AS pending, COUNT(CASE WHEN dead_at <> 0 THEN 1 END) AS dead, \
+             COUNT(CASE WHEN dead_at = 0 THEN 1 END) AS held, {now} - MIN(created_at) AS \
+             oldest_age FROM idem_outbox WHERE published_at IS NULL"
+        );
+        assert_eq!(
+            BACKLOG_BY_DESTINATION,
+            BACKLOG.replace("SELECT ", "SELECT destination, ")
+                + " GROUP BY destination ORDER BY destination"
+        );
+    }
 
     #[test]
     fn every_template_is_spelled_and_timed_by_the_database() {

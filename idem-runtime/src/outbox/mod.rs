@@ -253,6 +253,14 @@ pub struct DeadMessage {
     pub dead_at_millis: i64,
 }
 
+impl DeadMessage {
+    /// The failure group it belongs to: its last error, exactly (empty when none was
+    /// recorded), as [`DeadGroup::error`] names it.
+    pub fn group(&self) -> &str {
+        self.last_error.as_deref().unwrap_or_default()
+    }
+}
+
 /// The dead messages, oldest first, at most `limit`.
 pub async fn dead<DB: Backend>(
     pool: &Pool<DB>,
@@ -299,8 +307,10 @@ pub async fn dead_by_error<DB: Backend>(
 pub(crate) fn by_error(dead: Vec<DeadMessage>) -> Vec<DeadGroup> {
     let mut groups: std::collections::BTreeMap<String, Vec<DeadMessage>> = Default::default();
     for message in dead {
-        let error = message.last_error.clone().unwrap_or_default();
-        groups.entry(error).or_default().push(message);
+        groups
+            .entry(message.group().to_owned())
+            .or_default()
+            .push(message);
     }
     let mut groups: Vec<DeadGroup> = groups
         .into_iter()
